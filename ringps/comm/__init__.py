@@ -1,0 +1,1 @@
+"""Communication: byte meters, the dense ring, the sparse exchanges (DESIGN.md)."""

@@ -1,0 +1,275 @@
+"""The one config tree, validated once before any process starts.
+
+Each component reads its own section (`cfg.data`, `cfg.train`, `cfg.compress`, ...). Every leaf
+has a globally unique name, so the CLI flag is simply `--name-with-dashes` and a YAML file may be
+written nested by section or flat (`epochs: 3` or `train: {epochs: 3}`). `load_config` merges
+defaults <- YAML <- flags and turns the first validation error into one line such as
+`--density 1.5: must be <= 1`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ringps.errors import ConfigError
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g)?bit\s*$", re.IGNORECASE)
+_RATE_UNIT = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_rate(text: str) -> float:
+    """'100mbit' -> 1e8 bits per second. Raises ValueError with the accepted forms."""
+    m = _RATE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a rate; write e.g. 100mbit, 1gbit, 500kbit")
+    unit = m.group(2).lower() if m.group(2) else None
+    bits = float(m.group(1)) * _RATE_UNIT[unit]
+    if bits <= 0:
+        raise ValueError(f"{text!r}: a rate must be positive")
+    return bits
+
+
+def _split_list(value: Any) -> Any:
+    """Flags give lists as '1,1,2,4'; YAML gives real lists. Accept both."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    """Processes, placement and the run folder (read by `launch`)."""
+
+    workers: int = Field(4, ge=1, le=256, description="worker processes")
+    servers: int = Field(1, ge=1, le=64, description="parameter-server ranks (ps-* strategies only)")
+    threads: int = Field(1, ge=1, le=64, description="intra-op threads per process")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: nccl with CUDA, else gloo")
+    timeout: float = Field(120.0, gt=0, description="seconds any wait on another process may take")
+    seed: int = Field(0, ge=0, description="seed for data order, init and selection")
+    name: Optional[str] = Field(None, description="run name (default: STRATEGY-TIMESTAMP)")
+    out: Optional[str] = Field(None, description="run folder (default runs/NAME)")
+    net: Optional[str] = Field(
+        None,
+        description="emulated links: one rate for all hosts (1gbit, 100mbit) or one per host, "
+        "comma-separated; needs root and iproute2. Rate only: this kernel has no netem",
+    )
+    slowdown: Optional[list[float]] = Field(
+        None, description="per-worker compute stretch, e.g. 1,1,2,4 (worker i sleeps (f-1)x its compute)"
+    )
+    progress: bool = Field(True, description="show a progress bar")
+
+    _split = field_validator("slowdown", mode="before")(_split_list)
+
+    @field_validator("slowdown")
+    @classmethod
+    def _factors(cls, v: Optional[list[float]]) -> Optional[list[float]]:
+        if v is not None and any(f < 1 for f in v):
+            raise ValueError("every factor must be >= 1")
+        return v
+
+    @field_validator("net")
+    @classmethod
+    def _rates(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            for part in v.split(","):
+                parse_rate(part)
+        return v
+
+    def net_rates(self, hosts: int) -> list[float]:
+        """Bits per second for each of `hosts` emulated hosts."""
+        assert self.net is not None
+        rates = [parse_rate(p) for p in self.net.split(",")]
+        return rates * hosts if len(rates) == 1 else rates
+
+
+class DataConfig(Section):
+    """What each worker reads (read by `data`)."""
+
+    dataset: str = Field("orl-faces", description="orl-faces, fashion-mnist, synthetic or folder:PATH")
+    batch_size: int = Field(16, ge=1, le=65536, description="samples per worker per step")
+    train_per_class: int = Field(7, ge=1, le=9, description="orl-faces: training images per person (rest held out)")
+    augment: bool = Field(True, description="light augmentation (shift, flip) of orl-faces and folder images")
+    synthetic_samples: int = Field(4096, ge=8, description="synthetic: training samples")
+    synthetic_shape: list[int] = Field([1, 32, 32], description="synthetic: C,H,W of one sample")
+    synthetic_classes: int = Field(10, ge=2, description="synthetic: classes")
+
+    _split = field_validator("synthetic_shape", mode="before")(_split_list)
+
+    @field_validator("synthetic_shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        if len(v) != 3 or any(d < 1 for d in v):
+            raise ValueError("must be three positive sizes C,H,W")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        known = ("orl-faces", "fashion-mnist", "synthetic")
+        if v not in known and not v.startswith("folder:"):
+            raise ValueError(f"unknown dataset; known: {', '.join(known)}, folder:PATH")
+        return v
+
+
+class ModelConfig(Section):
+    """The network (read by `models`)."""
+
+    model: str = Field("facenet", description="facenet, resnet-small or mlp")
+
+
+class TrainConfig(Section):
+    """The loop every strategy shares (read by `train`)."""
+
+    epochs: int = Field(40, ge=1, description="passes over the training split")
+    steps: Optional[int] = Field(None, ge=1, description="stop after this many steps (overrides epochs)")
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="optimizer")
+    lr: float = Field(0.01, gt=0, le=10, description="peak learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    weight_decay: float = Field(5e-4, ge=0, description="L2 weight decay")
+    lr_schedule: Literal["constant", "cosine", "step"] = Field("cosine", description="learning-rate schedule")
+    warmup_epochs: float = Field(1.0, ge=0, description="linear learning-rate warm-up")
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: every epoch)")
+    target_accuracy: Optional[float] = Field(0.9, gt=0, le=1, description="held-out accuracy for time-to-accuracy")
+    stop_at_target: bool = Field(False, description="stop once target accuracy is reached")
+    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: never)")
+    resume: Optional[str] = Field(None, description="checkpoint folder to resume from")
+
+
+class StrategyConfig(Section):
+    """Which strategy runs and its DDP-level options (read by `strategies`)."""
+
+    strategy: str = Field("allreduce", description="training strategy (see `ringps list`)")
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB")
+    powersgd_rank: int = Field(4, ge=1, description="powersgd: matrix approximation rank")
+    powersgd_start_iter: int = Field(10, ge=1, description="powersgd: plain all-reduce for the first N steps")
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    run: RunConfig = RunConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    strategy: StrategyConfig = StrategyConfig()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Config":
+        r = self.run
+        if r.slowdown is not None and len(r.slowdown) != r.workers:
+            raise ValueError(
+                f"--slowdown has {len(r.slowdown)} factors for --workers {r.workers}; give one per worker"
+            )
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# --------------------------------------------------------------------------------------------
+# flat names <-> nested sections
+
+
+def sections() -> dict[str, type[Section]]:
+    return {name: f.annotation for name, f in Config.model_fields.items()}  # type: ignore[misc]
+
+
+def leaf_index() -> dict[str, str]:
+    """Leaf key -> section name. Leaf names are unique across sections (checked here)."""
+    index: dict[str, str] = {}
+    for sec, cls in sections().items():
+        for leaf in cls.model_fields:
+            assert leaf not in index, f"config key {leaf} appears in two sections"
+            index[leaf] = sec
+    return index
+
+
+def flag(leaf: str) -> str:
+    return "--" + leaf.replace("_", "-")
+
+
+def nest(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{'epochs': 3, 'train': {'lr': 0.1}} -> {'train': {'epochs': 3, 'lr': 0.1}}."""
+    index = leaf_index()
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        key = key.replace("-", "_")
+        if key in sections() and isinstance(value, dict):
+            for k, v in value.items():
+                k = k.replace("-", "_")
+                if index.get(k) != key:
+                    raise ConfigError(f"{key}.{k}: unknown option in section {key!r}")
+                out.setdefault(key, {})[k] = v
+        elif key in index:
+            out.setdefault(index[key], {})[key] = value
+        else:
+            raise ConfigError(f"{flag(key)}: unknown option; `ringps train --help` lists them")
+    return out
+
+
+def _describe(err: dict[str, Any]) -> str:
+    """pydantic error -> the rule, in words."""
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    rules = {
+        "greater_than": "must be > {gt}",
+        "greater_than_equal": "must be >= {ge}",
+        "less_than": "must be < {lt}",
+        "less_than_equal": "must be <= {le}",
+        "literal_error": "must be one of {expected}",
+        "int_parsing": "must be a whole number",
+        "float_parsing": "must be a number",
+        "bool_parsing": "must be true or false",
+        "int_from_float": "must be a whole number",
+    }
+    if kind in rules:
+        return rules[kind].format(**ctx)
+    msg = str(err["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def validate(flat_or_nested: dict[str, Any]) -> Config:
+    """Build a Config; the first error becomes a ConfigError with one line."""
+    try:
+        return Config.model_validate(nest(flat_or_nested))
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
+        if len(loc) >= 2:
+            name = flag(loc[1])
+            value = err.get("input")
+            if isinstance(value, list):
+                value = ",".join(str(v) for v in value)
+            raise ConfigError(f"{name} {value}: {_describe(err)}") from None
+        raise ConfigError(_describe(err)) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise ConfigError(f"--config {path}: not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: must be a mapping of option: value")
+    return data
+
+
+def load_config(yaml_path: Optional[str], overrides: dict[str, Any]) -> Config:
+    """defaults <- YAML file <- flags (flags given as flat leaf names)."""
+    merged = nest(load_yaml(yaml_path)) if yaml_path else {}
+    for sec, values in nest(overrides).items():
+        merged.setdefault(sec, {}).update(values)
+    return validate(merged)

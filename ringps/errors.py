@@ -1,0 +1,31 @@
+"""Exceptions that carry a message meant for the user (one line, says what to do next)."""
+
+
+class RingpsError(Exception):
+    """Base class: the CLI prints `ringps: <message>` and exits non-zero, no traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(RingpsError):
+    """Bad input detected before anything starts (exit code 2, like argparse)."""
+
+    exit_code = 2
+
+
+class DataError(RingpsError):
+    """A dataset is missing or malformed."""
+
+    exit_code = 2
+
+
+class CommTimeout(RingpsError):
+    """A wait on another process ran past its timeout; the message names both ranks and the wait."""
+
+
+class WorkerFailed(RingpsError):
+    """A worker process of a synchronous job failed; the job was stopped."""
+
+
+class ProtocolError(RingpsError):
+    """A parameter-server message was malformed, oversized or for a different parameter layout."""

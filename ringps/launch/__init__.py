@@ -1,0 +1,2 @@
+"""Launching: the local process launcher, the per-process entry (also torchrun's), the emulated
+cluster (network namespaces + tc)."""

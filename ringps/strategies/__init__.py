@@ -1,0 +1,7 @@
+"""Training strategies by name. Each registers itself with `@STRATEGIES.register(name)`."""
+
+from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext
+
+from ringps.strategies import ddp  # noqa: E402,F401  (registration)
+
+__all__ = ["STRATEGIES", "StepStats", "Strategy", "WorkerContext"]

@@ -1,0 +1,117 @@
+"""The Strategy interface the Trainer drives, the per-worker context it gets, and step statistics.
+
+A strategy owns everything between "here is a batch" and "the model has been updated":
+forward, backward, communication, the optimizer step. The Trainer only loops, evaluates, records
+and checkpoints, so adding an algorithm is one file plus `@STRATEGIES.register(name)`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ringps.registry import Registry
+
+STRATEGIES: Registry = Registry("strategy")
+
+
+@dataclass
+class StepStats:
+    """What one step cost this worker. Times in seconds."""
+
+    loss: float
+    compute_s: float  # forward + backward + optimizer math, including the --slowdown stretch
+    exposed_s: float  # blocked on communication after compute ended (split into comm + wait later)
+    wait_s: Optional[float] = None  # when the strategy knows its waiting time itself (e.g. a PS reply)
+    payload_sent: int = 0  # bytes the algorithm handed to the transport
+    payload_recv: int = 0
+    t_ready: float = 0.0  # time.time() when this worker's gradients were ready (for the wait split)
+    applied: bool = True  # False when e.g. a parameter server dropped this worker's push
+    extra: dict[str, Any] = field(default_factory=dict)  # strategy-specific figures for metrics rows
+
+
+class Stretch:
+    """--slowdown: sleep (f-1) times the last measured compute time, between forward and backward,
+    so a slow worker's gradient really arrives later (and, under a parameter server, is staler)."""
+
+    def __init__(self, factor: float = 1.0):
+        self.factor = factor
+        self.last_compute_s: Optional[float] = None
+
+    def __call__(self, forward_s: float) -> float:
+        if self.factor <= 1.0:
+            return 0.0
+        # first step: estimate backward as twice the forward
+        base = self.last_compute_s if self.last_compute_s is not None else 3 * forward_s
+        pause = (self.factor - 1.0) * base
+        time.sleep(pause)
+        return pause
+
+
+@dataclass
+class WorkerContext:
+    """Who this process is and what it may use. Built by the launcher-side entry, once."""
+
+    rank: int  # global rank in the job
+    world_size: int
+    worker: int  # index among the worker ranks (0..workers-1)
+    workers: int
+    group: Optional[dist.ProcessGroup]  # the worker ranks' group (None: the default group)
+    device: torch.device
+    backend: str
+    timeout: float
+    cfg: Any  # the validated Config
+    out_dir: Path
+    stretch: Stretch = field(default_factory=Stretch)
+    server_ranks: tuple[int, ...] = ()
+    worker_ranks: tuple[int, ...] = ()
+
+
+class Strategy:
+    """Base class. Subclasses set `synchronous` and implement `setup` and `step`."""
+
+    synchronous: bool = True  # every worker takes part in every step's communication
+    collective_eval: bool = True  # all workers evaluate a part of the test split together
+    needs_servers: bool = False  # the launcher starts cfg.run.servers extra ranks
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: WorkerContext) -> None:
+        self.model, self.optimizer, self.ctx = model, optimizer, ctx
+
+    def step(self, batch) -> StepStats:
+        raise NotImplementedError
+
+    def eval_model(self) -> nn.Module:
+        """The module to evaluate (the bare model, never a DDP wrapper)."""
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def serve(self, ctx: WorkerContext) -> None:
+        """Entry for server ranks (strategies with `needs_servers`)."""
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any]:
+        """Strategy-specific figures for summary.json."""
+        return {}
+
+
+def loss_of(model: nn.Module, batch, device: torch.device) -> torch.Tensor:
+    x, y = batch.inputs.to(device, non_blocking=True), batch.targets.to(device, non_blocking=True)
+    return F.cross_entropy(model(x), y)

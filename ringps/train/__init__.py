@@ -1,0 +1,1 @@
+"""The training loop, evaluation, metrics, checkpoints and run summaries."""

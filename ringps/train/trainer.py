@@ -1,0 +1,171 @@
+"""The training loop every strategy shares: epochs or steps, LR schedule, evaluation, metrics,
+checkpoints. Read it top to bottom; strategies do the rest through `strategy.step(batch)`.
+
+Time: `t` in every row is seconds of training since the common start, with evaluation pauses
+taken out, so evaluating more often does not change time-to-accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ringps.comm.meter import TcpCounters
+from ringps.data import Dataset
+from ringps.data.loader import ShardedLoader
+from ringps.strategies.base import Strategy, WorkerContext
+from ringps.train import checkpoint
+from ringps.train.evaluate import evaluate
+from ringps.train.metrics import Recorder
+
+
+def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "adam":
+        return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def lr_factor(step: int, total: int, warmup: int, kind: str) -> float:
+    """Multiplier of the peak learning rate at `step` (linear warm-up, then the schedule)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if kind == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    if kind == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return 0.1 ** int(progress / 0.34)  # "step": x0.1 at one and two thirds
+
+
+class Clock:
+    """Training seconds since start, evaluation excluded."""
+
+    def __init__(self, offset: float = 0.0):
+        self.start = time.perf_counter() - offset
+        self._paused_at: Optional[float] = None
+
+    def now(self) -> float:
+        return (self._paused_at or time.perf_counter()) - self.start
+
+    def pause(self) -> None:
+        self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self.start += time.perf_counter() - self._paused_at
+            self._paused_at = None
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_accuracy: Optional[float]
+    time_to_accuracy_s: Optional[float]
+
+
+class Trainer:
+    def __init__(self, cfg, ctx: WorkerContext, strategy: Strategy, data: Dataset, model: torch.nn.Module):
+        self.cfg, self.ctx, self.strategy, self.data, self.model = cfg, ctx, strategy, data, model
+        self.loader = ShardedLoader(
+            data.train, ctx.worker, ctx.workers, cfg.data.batch_size, cfg.run.seed,
+            augment=cfg.data.augment and data.augment,
+        )
+        self.stats = (self.loader.mean, self.loader.std)
+        t = cfg.train
+        self.total_steps = t.steps or t.epochs * len(self.loader)
+        self.eval_every = t.eval_every or len(self.loader)
+        self.warmup = int(round(t.warmup_epochs * len(self.loader)))
+        self.optimizer = build_optimizer(model.parameters(), cfg)
+        self.recorder = Recorder(ctx.out_dir, ctx.rank)
+        self.tcp = TcpCounters()
+        self.step = 0
+        self.where = "setup"  # for error messages: setup, step N, evaluation after step N
+        self.clock_offset = 0.0
+        self.reached_at: Optional[float] = None
+        self.last_accuracy: Optional[float] = None
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self, t: float) -> dict:
+        return {
+            "step": self.step, "t": t, "reached_at": self.reached_at,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "strategy": self.strategy.state_dict(), "rng": torch.get_rng_state(),
+        }
+
+    def load(self, path: str) -> dict:
+        """Model, optimizer and loop position; the strategy's own state loads after its setup."""
+        state = checkpoint.load(path, self.ctx.rank)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.clock_offset, self.reached_at = state["step"], state["t"], state["reached_at"]
+        torch.set_rng_state(state["rng"])  # dropout continues exactly where it stopped
+        return state["strategy"]
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg, ctx = self.cfg, self.ctx
+        resumed = self.load(cfg.train.resume) if cfg.train.resume else None
+        self.strategy.setup(self.model, self.optimizer, ctx)
+        if resumed is not None:
+            self.strategy.load_state_dict(resumed)
+        evaluator = self.strategy.collective_eval or ctx.worker == 0
+        peak = cfg.train.lr
+        self.recorder.write("start", worker=ctx.worker, rank=ctx.rank, pid=os.getpid(), steps=self.total_steps,
+                            steps_per_epoch=len(self.loader), wall=time.time())
+        clock = Clock(self.clock_offset)
+        stop = False
+        while self.step < self.total_steps and not stop:
+            epoch, skip = divmod(self.step, len(self.loader))
+            for i, batch in enumerate(self.loader.epoch(epoch)):
+                if i < skip:
+                    continue  # resuming mid-epoch
+                lr = peak * lr_factor(self.step, self.total_steps, self.warmup, cfg.train.lr_schedule)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                self.where = f"step {self.step + 1}"
+                before = self.tcp.read()
+                stats = self.strategy.step(batch)
+                moved = self.tcp.read() - before
+                self.step += 1
+                self.recorder.write(
+                    "step", worker=ctx.worker, step=self.step, epoch=epoch, t=clock.now(), wall=time.time(),
+                    loss=stats.loss, lr=lr, compute_s=stats.compute_s, exposed_s=stats.exposed_s,
+                    wait_s=stats.wait_s, t_ready=stats.t_ready, bytes_sent=moved.sent, bytes_recv=moved.recv,
+                    payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
+                    **stats.extra,
+                )
+                last = self.step >= self.total_steps
+                if evaluator and (self.step % self.eval_every == 0 or last):
+                    stop = self.evaluate(clock, epoch) or stop
+                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    checkpoint.save(ctx.out_dir, self.step, ctx.rank, self.state_dict(clock.now()))
+                if last or stop:
+                    break
+        self.recorder.write("end", worker=ctx.worker, step=self.step, t=clock.now(), wall=time.time())
+        self.strategy.close()
+        self.recorder.close()
+        return TrainResult(self.step, self.last_accuracy, self.reached_at)
+
+    def evaluate(self, clock: Clock, epoch: int) -> bool:
+        """Score the held-out split; returns True when training should stop at the target."""
+        clock.pause()
+        self.where = f"evaluation after step {self.step}"
+        ctx, s = self.ctx, self.strategy
+        parts = ctx.workers if s.collective_eval else 1
+        part = ctx.worker if s.collective_eval else 0
+        res = evaluate(s.eval_model(), self.data.test, self.stats, ctx.device, part, parts, ctx.group)
+        t = clock.now()
+        clock.resume()
+        self.last_accuracy = res.accuracy
+        target = self.cfg.train.target_accuracy
+        if target is not None and self.reached_at is None and res.accuracy >= target:
+            self.reached_at = t
+        self.recorder.write("eval", worker=ctx.worker, step=self.step, epoch=epoch, t=t, wall=time.time(),
+                            accuracy=res.accuracy, test_loss=res.loss, samples=res.samples)
+        return bool(self.cfg.train.stop_at_target and self.reached_at is not None and s.collective_eval)

@@ -1,0 +1,91 @@
+"""Config: validation messages, YAML and flags under the same names, every flag reaches the config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ringps.cli.main import build_parser
+from ringps.cli.options import config_overrides
+from ringps.config import Config, flag, leaf_index, load_config, sections, validate
+from ringps.errors import ConfigError
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ringps", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--workers", "0"], "--workers 0: must be >= 1"),
+        (["--strategy", "nope"], "unknown strategy 'nope'; known: allreduce"),
+        (["--lr", "abc"], "--lr abc: must be a number"),
+        (["--slowdown", "1,2", "--workers", "4"], "--slowdown has 2 factors for --workers 4"),
+        (["--slowdown", "1,0.5"], "--slowdown 1,0.5: every factor must be >= 1"),
+        (["--dataset", "imagenet"], "--dataset imagenet: unknown dataset"),
+        (["--net", "fast"], "--net fast: 'fast' is not a rate"),
+        (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, expected):
+    r = cli("train", *args)
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_yaml_value_names_the_option(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("train:\n  epochs: -3\n")
+    r = cli("train", "--config", str(f))
+    assert r.returncode == 2 and r.stderr.strip() == "ringps: --epochs -3: must be >= 1"
+    f.write_text("strategy:\n  epochs: 3\n")
+    r = cli("train", "--config", str(f))
+    assert r.returncode == 2 and "strategy.epochs: unknown option" in r.stderr
+
+
+def test_yaml_nested_or_flat_and_flags_override(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("train:\n  epochs: 3\n  lr: 0.5\nworkers: 2\nslowdown: [1, 3]\n")
+    cfg = load_config(str(f), {"lr": "0.25"})
+    assert (cfg.train.epochs, cfg.train.lr, cfg.run.workers, cfg.run.slowdown) == (3, 0.25, 2, [1.0, 3.0])
+
+
+def test_every_config_key_has_a_flag_that_reaches_it():
+    """Give every flag a non-default value; each must land on its own key."""
+    parser = build_parser()
+    argv = ["train"]
+    expected = {}
+    for sec, cls in sections().items():
+        for leaf, f in cls.model_fields.items():
+            ann = f.annotation
+            if ann is bool or ann == (bool | None):
+                argv.append(flag(leaf) if not f.default else "--no-" + leaf.replace("_", "-"))
+                expected[leaf] = not f.default
+    args = parser.parse_args(argv)
+    got = config_overrides(args)
+    assert got == expected
+    # non-boolean flags: each flag name is exactly the key name
+    index = leaf_index()
+    for action in parser._subparsers._group_actions[0].choices["train"]._actions:
+        if action.dest in index:
+            assert action.option_strings[0] == flag(action.dest)
+    assert set(index) <= {a.dest for a in parser._subparsers._group_actions[0].choices["train"]._actions}
+
+
+def test_values_from_flags_convert_like_yaml():
+    cfg = validate({"slowdown": "1,1,2,4", "synthetic_shape": "3,16,16", "epochs": "7", "augment": False})
+    assert cfg.run.slowdown == [1, 1, 2, 4] and cfg.data.synthetic_shape == [3, 16, 16]
+    assert cfg.train.epochs == 7 and cfg.data.augment is False
+    assert Config().run.workers == 4
+
+
+def test_unknown_key_is_refused():
+    with pytest.raises(ConfigError, match="--bogus: unknown option"):
+        validate({"bogus": 1})
