@@ -8,6 +8,7 @@ input); tracebacks are kept for real bugs.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from typing import Optional
 
@@ -18,6 +19,8 @@ COMMANDS = {
     "train": "ringps.cli.train",
     "compare": "ringps.cli.compare",
     "report": "ringps.cli.report",
+    "bench": "ringps.cli.bench",
+    "cluster": "ringps.cli.cluster",
     "list": "ringps.cli.listing",
 }
 
@@ -33,8 +36,13 @@ def build_parser() -> Parser:
     return p
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: processes, namespaces, temp files
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return args._run(args) or 0
     except RingpsError as e:

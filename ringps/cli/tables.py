@@ -67,7 +67,8 @@ def summary_table(summaries: list[dict[str, Any]], title: str = "") -> Table:
 
 def setting_line(s: dict[str, Any]) -> str:
     """What every report states: data, model, workers, network shaping, slowdown."""
-    net = s.get("net") or "unshaped loopback"
+    net = s.get("placement") if s.get("net") else "unshaped loopback"
+    net = net or s.get("net")
     slow = ",".join(f"{f:g}" for f in s["slowdown"]) if s.get("slowdown") else "none"
     target = s.get("target_accuracy")
     tgt = f"{100 * target:.0f}%" if target is not None else "-"

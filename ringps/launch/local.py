@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ringps.config import Config
 from ringps.errors import CommTimeout, WorkerFailed
@@ -52,6 +52,7 @@ class Placement:
     prefixes: dict[int, list[str]] = field(default_factory=dict)
     envs: dict[int, dict[str, str]] = field(default_factory=dict)
     description: str = "loopback"
+    counters: Optional[Callable[[], list[dict[str, int]]]] = None  # per-host interface byte counters
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Job:
         return rank < self.workers
 
     def start(self) -> None:
-        port = free_port(self.placement.master_addr if self.placement.master_addr != "127.0.0.1" else "127.0.0.1")
+        port = free_port()  # in an emulated cluster every port of host 0 is free anyway
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
         for rank in range(self.world):

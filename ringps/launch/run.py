@@ -24,8 +24,18 @@ from ringps.train.summary import finalize
 
 def check(cfg: Config) -> None:
     """Everything that can be checked before a process starts: names and the data."""
-    STRATEGIES.get(cfg.strategy.strategy)
+    strategy = STRATEGIES.get(cfg.strategy.strategy)
     MODELS.get(cfg.model.model)
+    if cfg.run.net is not None:
+        from ringps.launch.cluster import ClusterError, requirements_missing
+
+        why = requirements_missing()
+        if why:
+            raise ClusterError(why)
+        hosts = cfg.run.workers + (cfg.run.servers if strategy.needs_servers else 0)
+        if len(cfg.run.net.split(",")) not in (1, hosts):
+            raise ClusterError(f"--net {cfg.run.net}: {len(cfg.run.net.split(','))} rates for {hosts} hosts "
+                               "(workers, then servers); give one rate, or one per host")
     data = load_dataset(cfg.data)
     if len(data.train.labels) < cfg.run.workers:
         from ringps.errors import ConfigError
@@ -58,6 +68,8 @@ def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str]
         job.start()
         with ProgressView(run_dir, title or cfg.strategy.strategy, console, cfg.run.progress) as view:
             result = job.wait(view)
+        # what each emulated host's interface really carried, read before the cluster goes
+        counters = where.counters() if where.counters else None
     extra = {
         "synchronous": job.strategy_cls.synchronous,
         "launcher": "local",
@@ -65,6 +77,7 @@ def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str]
         "job_s": result.job_s,
         "failed_workers": {str(r): why for r, why in result.failed.items()},
         "run_dir": str(run_dir),
+        "host_bytes": counters,
     }
     return finalize(run_dir, extra)
 
