@@ -149,7 +149,22 @@ class StrategyConfig(Section):
     strategy: str = Field("allreduce", description="training strategy (see `ringps list`)")
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB")
     powersgd_rank: int = Field(4, ge=1, description="powersgd: matrix approximation rank")
-    powersgd_start_iter: int = Field(10, ge=1, description="powersgd: plain all-reduce for the first N steps")
+    powersgd_start_iter: int = Field(10, ge=2, description="powersgd: plain all-reduce for the first N steps")
+
+
+class CompressConfig(Section):
+    """Gradient selection with memory (read by ring-topk, topk-allgather and the layer planner)."""
+
+    density: float = Field(0.01, gt=0, le=1, description="fraction of each large tensor sent per step")
+    density_warmup_epochs: float = Field(2.0, ge=0, description="epochs to tighten density from 0.25 to --density")
+    selector: Literal["auto", "topk", "threshold", "randomk"] = Field(
+        "auto", description="auto: sampled threshold on large tensors, exact top-k on small ones")
+    memory: Literal["ef", "dgc", "none"] = Field("ef", description="ef: error feedback; dgc: momentum correction")
+    exchange: Literal["auto", "dense", "allgather", "shared-index", "sparse-rs", "gloo-allgather"] = Field(
+        "auto", description="how selections are summed; auto: the cost model's choice per bucket")
+    dense_below: int = Field(1 << 17, ge=0, description="tensors with fewer entries go dense, fused into one message")
+    block: int = Field(256, ge=1, description="shared-index: entries per block")
+    clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
 
 
 class Config(BaseModel):
@@ -160,6 +175,7 @@ class Config(BaseModel):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     strategy: StrategyConfig = StrategyConfig()
+    compress: CompressConfig = CompressConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":

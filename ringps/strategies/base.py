@@ -72,6 +72,8 @@ class WorkerContext:
     stretch: Stretch = field(default_factory=Stretch)
     server_ranks: tuple[int, ...] = ()
     worker_ranks: tuple[int, ...] = ()
+    steps_per_epoch: int = 1  # set by the Trainer before setup
+    sample_batch: Any = None  # one training batch, set by the Trainer (for profiling)
 
 
 class Strategy:

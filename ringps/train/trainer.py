@@ -111,6 +111,8 @@ class Trainer:
     def run(self) -> TrainResult:
         cfg, ctx = self.cfg, self.ctx
         resumed = self.load(cfg.train.resume) if cfg.train.resume else None
+        ctx.steps_per_epoch = len(self.loader)
+        ctx.sample_batch = next(iter(self.loader.epoch(0)))
         self.strategy.setup(self.model, self.optimizer, ctx)
         if resumed is not None:
             self.strategy.load_state_dict(resumed)

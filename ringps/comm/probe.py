@@ -1,0 +1,57 @@
+"""Measure the links the workers really have: latency and bandwidth of all-reduce on the group.
+
+Used to feed the cost model in the same units it predicts in. All ranks take part and get the
+same answer (times are max-reduced), so decisions derived from it agree everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ringps.cost import CostParams
+
+
+def _timed(t: torch.Tensor, group, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(t, group=group)
+        times.append(time.perf_counter() - t0)
+    worst = torch.tensor([min(times)], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return float(worst)
+
+
+def measure_links(group=None, nbytes: int = 2 << 20, reps: int = 3) -> tuple[float, float]:
+    """(latency per message in s, bandwidth in bytes/s per link) seen by a ring all-reduce."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return 0.0, float("inf")
+    small = _timed(torch.zeros(1), group, reps)
+    large = _timed(torch.zeros(nbytes // 4), group, reps)
+    msgs = 2 * (n - 1)
+    latency = small / msgs
+    moved = 2 * (n - 1) / n * nbytes
+    bandwidth = moved / max(large - msgs * latency, 1e-6)
+    return latency, bandwidth
+
+
+def broadcast_object(obj, group=None, src_index: int = 0):
+    """Rank `src_index` of the group's object, on every rank of the group."""
+    box = [obj]
+    src = dist.get_global_rank(group, src_index) if group is not None else src_index
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+def measured_cost_params(group=None, calibrate: bool = True) -> CostParams:
+    from ringps.cost import calibrate_cpu
+
+    latency, bandwidth = measure_links(group)
+    cpu = calibrate_cpu() if calibrate and dist.get_rank(group) == 0 else {}
+    cpu = broadcast_object(cpu, group)
+    return CostParams(bandwidth=bandwidth, latency=latency, **cpu)

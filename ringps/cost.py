@@ -1,0 +1,121 @@
+"""The alpha-beta cost model shared by the exchange auto-selection, the layer planner and the
+simulator.
+
+A transfer of b bytes costs `latency + b / bandwidth` on the wire; the CPU work around it
+(selection, scatter-adds, memory passes, reductions) costs per element, with constants measured
+on this machine (`calibrate_cpu`). An exchange's cost is split into wire time, which can hide
+behind the backward pass, and CPU time, which on a fully subscribed machine cannot.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+
+B_IDX, B_VAL = 4, 4  # bytes per index and per fp32 value on the wire
+
+
+@dataclass
+class CostParams:
+    bandwidth: float = 1.0e9  # bytes/s per link and direction
+    latency: float = 1.0e-3  # s per message
+    select_s: float = 5e-9  # per element scanned by the selector
+    scatter_s: float = 20e-9  # per sparse entry scattered into a dense buffer
+    pass_s: float = 1e-9  # per element of a dense memory pass (zero, copy, add, norms)
+    reduce_s: float = 1e-9  # per element a collective sums on the CPU
+    cpu_share: float = 1.0  # fraction of communication-thread CPU time that delays the step
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Cost(NamedTuple):
+    wire_s: float
+    cpu_s: float
+    bytes_sent: float  # per worker
+
+    def exposed(self, overlap_s: float, cpu_share: float = 1.0) -> float:
+        """Step time it adds when `overlap_s` of backward compute is left to hide the wire time."""
+        return cpu_share * self.cpu_s + max(0.0, self.wire_s - overlap_s)
+
+
+def ring_bytes(n_elems: float, N: int, b: int = B_VAL) -> float:
+    return 2 * (N - 1) / N * n_elems * b
+
+
+def exchange_cost(name: str, n: int, k: int, N: int, p: CostParams, block: int = 256) -> Cost:
+    """Cost of summing one bucket of n entries with k selected per worker, over N workers."""
+    if N <= 1:
+        return Cost(0.0, 0.0, 0.0)
+    a, bw = p.latency, p.bandwidth
+    if name == "dense":
+        sent = ring_bytes(n, N)
+        return Cost(2 * (N - 1) * a + sent / bw, ring_bytes(n, N, 1) * p.reduce_s + 2 * n * p.pass_s, sent)
+    select = n * p.select_s + k * p.scatter_s
+    if name in ("allgather", "gloo-allgather"):
+        sent = (N - 1) * k * (B_IDX + B_VAL)
+        msgs = 2 * (N - 1) if name == "allgather" else 2 * (N - 1) + (N - 1)
+        cpu = select + N * k * p.scatter_s + 2 * n * p.pass_s
+        return Cost(msgs * a + sent / bw, cpu, sent)
+    if name == "shared-index":
+        nb = math.ceil(n / block)
+        sent = ring_bytes(nb + k, N)
+        cpu = 3 * n * p.pass_s + nb * p.select_s * 8 + 2 * k * p.scatter_s + ring_bytes(nb + k, N, 1) * p.reduce_s
+        return Cost(4 * (N - 1) * a + sent / bw, cpu, sent)
+    if name == "sparse-rs":
+        seg = n / N
+        d = min(1.0, k / n)
+        sent, merged = 0.0, 0.0
+        for j in range(1, N):  # partial sums grow by fill-in as segments travel
+            nnz = seg * (1 - (1 - d) ** j)
+            sent += min(nnz * (B_IDX + B_VAL), seg * B_VAL)
+            merged += nnz
+        final = seg * (1 - (1 - d) ** N)
+        sent += (N - 1) * min(final * (B_IDX + B_VAL), seg * B_VAL)
+        cpu = select + merged * p.scatter_s * 3 + 2 * n * p.pass_s
+        return Cost(4 * (N - 1) * a + sent / bw, cpu, sent)
+    raise KeyError(name)
+
+
+SPARSE = ("allgather", "shared-index", "sparse-rs")
+
+
+def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.0,
+                    candidates: tuple[str, ...] = ("dense",) + SPARSE, block: int = 256) -> tuple[str, dict[str, float]]:
+    """The exchange that adds the least step time, and every candidate's predicted cost."""
+    costs = {c: exchange_cost(c, n, k, N, p, block).exposed(overlap_s, p.cpu_share) for c in candidates}
+    return min(costs, key=costs.get), costs
+
+
+# ---------------------------------------------------------------------------------------------
+# calibration of the CPU constants on this machine
+
+
+def _time(fn, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def calibrate_cpu(n: int = 1 << 21, density: float = 0.01) -> dict[str, float]:
+    """Per-element CPU costs measured with the operations the exchanges really run."""
+    from ringps.compress.selectors import SampledThreshold
+
+    g = torch.randn(n)
+    k = max(1, int(n * density))
+    sel = SampledThreshold()
+    chosen = sel.select(g, k)
+    out = torch.zeros(n)
+    return {
+        "select_s": _time(lambda: sel.select(g, k)) / n,
+        "scatter_s": _time(lambda: out.index_add_(0, chosen.indices, chosen.values)) / max(1, chosen.indices.numel()),
+        "pass_s": _time(lambda: out.zero_().add_(g)) / (2 * n),
+        "reduce_s": _time(lambda: out.add_(g)) / n,
+    }

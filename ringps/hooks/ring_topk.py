@@ -1,0 +1,195 @@
+"""Annular updating as a plain DDP communication hook: top-k selection with memory, summed on a ring.
+
+    from ringps.hooks import RingTopkState, ring_topk_hook
+    ddp.register_comm_hook(RingTopkState(density=0.01), ring_topk_hook)
+
+Per bucket, on one communication thread (so every rank issues the same collectives in the same
+order, and the backward pass goes on meanwhile):
+  - large tensors: compensate with the memory, select k = density * numel entries per tensor,
+    sum the selections over the ring with the bucket's exchange, keep the rest in the memory;
+  - small tensors (biases, small conv kernels): deferred, and all-reduced dense in one fused
+    message with the last bucket (one latency per step instead of one per tensor).
+The exchange is the cost model's choice per bucket ("auto"), or forced (`exchange=`). Every rank
+applies the same averaged update, so replicas stay bitwise identical.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ringps.comm.meter import PayloadMeter
+from ringps.comm.p2p import Ring
+from ringps.comm.sparse import EXCHANGES, Segment
+from ringps.comm.thread import CommThread
+from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
+from ringps.cost import CostParams, choose_exchange
+
+
+class RingTopkState:
+    """Hyper-parameters, per-tensor memory (keyed by parameter name) and statistics."""
+
+    def __init__(
+        self,
+        density: float = 0.01,
+        process_group: Optional[dist.ProcessGroup] = None,
+        warmup_steps: int = 0,
+        selector: str = "auto",
+        memory: str = "ef",
+        exchange: str = "auto",
+        dense_below: int = 1 << 17,
+        block: int = 256,
+        momentum: float = 0.9,
+        clip_norm: float = 0.0,
+        seed: int = 0,
+        timeout: float = 300.0,
+        cost: Optional[CostParams] = None,
+    ):
+        if not 0.0 <= density <= 1.0:
+            raise ValueError(f"density {density}: must be in [0, 1]")
+        if exchange != "auto":
+            EXCHANGES.get(exchange)
+        # hyper-parameters
+        self.process_group = process_group
+        self.schedule = DensitySchedule(density, warmup_steps)
+        self.exchange_name, self.dense_below, self.block = exchange, dense_below, block
+        self.timeout, self.seed = timeout, seed
+        self.selector = SELECTORS.build(selector, seed=seed) if selector in ("threshold", "randomk", "auto") else SELECTORS.build(selector)
+        self.memory = MEMORIES.build(memory, momentum=momentum, clip_norm=clip_norm,
+                                     workers=dist.get_world_size(process_group) if dist.is_initialized() else 1)
+        self.cost = cost or CostParams()
+        # internal state
+        self.iteration = 0
+        self.names: dict[int, str] = {}  # id(param) -> name, for memory keys and checkpoints
+        self.overlap: dict[int, float] = {}  # id(param) -> backward seconds left once its grad is ready
+        self.plans: dict[tuple, str] = {}  # (bucket signature, k) -> exchange name
+        self.deferred: list[tuple[torch.futures.Future, torch.Tensor, list[torch.Tensor]]] = []
+        self._ring: Optional[Ring] = None
+        self._thread: Optional[CommThread] = None
+        # statistics
+        self.meter = PayloadMeter()
+        self.chosen: dict[str, int] = {}
+
+    # -- set-up --------------------------------------------------------------------------
+    def bind(self, model: torch.nn.Module) -> "RingTopkState":
+        """Key memories by parameter name (stable across DDP's bucket rebuild and checkpoints)."""
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        return self
+
+    @property
+    def ring(self) -> Ring:
+        if self._ring is None:
+            self._ring = Ring(self.process_group, self.timeout, self.meter)
+        return self._ring
+
+    @property
+    def thread(self) -> CommThread:
+        if self._thread is None:
+            self._thread = CommThread()
+        return self._thread
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _generator(self) -> Optional[torch.Generator]:
+        """The selector's sampling generator, if it has one (threshold, or auto's threshold)."""
+        return getattr(getattr(self.selector, "threshold", self.selector), "gen", None)
+
+    def state_dict(self) -> dict[str, Any]:
+        gen = self._generator()
+        return {"iteration": self.iteration, "memory": self.memory.state_dict(),
+                "selector_rng": gen.get_state() if gen is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration = state["iteration"]
+        self.memory.load_state_dict(state["memory"])
+        gen = self._generator()
+        if gen is not None and state.get("selector_rng") is not None:
+            gen.set_state(state["selector_rng"])
+
+    # -- the work of one bucket (runs on the communication thread) ------------------------
+    def plan(self, segments: list[Segment], overlap_s: float) -> str:
+        if self.exchange_name != "auto":
+            return self.exchange_name
+        n, k = sum(s.numel for s in segments), sum(s.k for s in segments)
+        key = (tuple(s.numel for s in segments), k)
+        if key not in self.plans:
+            self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block)[0]
+        return self.plans[key]
+
+    def process(self, index: int, grads: list[torch.Tensor], params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+        """Reduce the bucket's large tensors in place; return its small ones (deferred)."""
+        large = [(g, p) for g, p in zip(grads, params) if g.numel() >= self.dense_below]
+        small = [g for g in grads if g.numel() < self.dense_below]
+        if large:
+            names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
+            accs = [self.memory.compensate(name, g.flatten()) for name, (g, _) in zip(names, large)]
+            segments, offset = [], 0
+            for i, a in enumerate(accs):
+                segments.append(Segment(offset, a.numel(), self.schedule.k(a.numel(), step), key=index * 1000 + i))
+                offset += a.numel()
+            acc = accs[0] if len(accs) == 1 else torch.cat(accs)
+            overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
+            name = self.plan(segments, overlap)
+            reduced = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
+            out = reduced.reduce(acc, segments, self.selector, self.ring, step)
+            self.chosen[name] = self.chosen.get(name, 0) + 1
+            sent = out.sent
+            for s, a, tname, (g, _) in zip(segments, accs, names, large):
+                g.copy_(out.update[s.offset : s.offset + s.numel].view_as(g))
+                if sent is None:
+                    self.memory.update(tname, a, None)
+                else:
+                    lo, hi = torch.searchsorted(sent, torch.tensor([s.offset, s.offset + s.numel])).tolist()
+                    self.memory.update(tname, a, sent[lo:hi] - s.offset)
+        return small
+
+    def reduce_small(self, tensors: list[torch.Tensor]) -> None:
+        """One dense all-reduce for every deferred small tensor of the step."""
+        if not tensors:
+            return
+        flat = torch.cat([t.flatten() for t in tensors])
+        dist.all_reduce(flat, group=self.process_group)
+        n = self.ring.size
+        self.meter.add("dense-small", flat.numel() * flat.element_size() * 2 * (n - 1) // n)
+        flat.div_(n)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
+def ring_topk_hook(state: RingTopkState, bucket) -> torch.futures.Future:
+    """DDP communication hook. No annotations on purpose: DDP compares them to its classes."""
+    fut: torch.futures.Future = torch.futures.Future()
+    buffer, grads, params = bucket.buffer(), bucket.gradients(), bucket.parameters()
+    index, last, step = bucket.index(), bucket.is_last(), state.iteration
+
+    def work() -> None:
+        try:
+            small = state.process(index, grads, params, step)
+            if small:
+                state.deferred.append((fut, buffer, small))
+            else:
+                fut.set_result(buffer)
+            if last:
+                pending, state.deferred = state.deferred, []
+                state.reduce_small([t for _, _, ts in pending for t in ts])
+                state.iteration += 1
+                for f, buf, _ in pending:
+                    f.set_result(buf)
+        except BaseException as e:  # noqa: BLE001 - DDP re-raises it from backward()
+            pending, state.deferred = state.deferred, []
+            for f, _, _ in pending:
+                if not f.done():
+                    f.set_exception(e)
+            if not fut.done():
+                fut.set_exception(e)
+
+    state.thread.submit(work)
+    return fut

@@ -1,0 +1,1 @@
+"""Per-layer profile, the transmission plan, and the wait-free launch order (DESIGN.md)."""

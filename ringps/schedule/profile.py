@@ -1,0 +1,114 @@
+"""Per-layer profile of a model on this machine: parameter bytes, forward and backward time, and
+for each parameter how much backward compute is left once its gradient is ready (the window in
+which its communication can hide).
+
+Forward time comes from forward pre/post hooks on each module that owns parameters; backward
+time from the moments the parameters' gradients become ready (post-accumulate-grad hooks), which
+works with in-place activations, unlike module backward hooks. Medians over a few repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class LayerProfile:
+    name: str  # module name
+    kind: str  # conv, fc, other
+    params: int  # entries
+    param_bytes: int
+    forward_s: float
+    backward_s: float
+    shape: tuple = ()  # weight shape (out, in[, kh, kw])
+    in_features: int = 0
+    out_features: int = 0
+
+
+@dataclass
+class Profile:
+    layers: list[LayerProfile]  # forward order
+    forward_s: float
+    backward_s: float
+    batch: int
+    overlap_s: dict[str, float] = field(default_factory=dict)  # param name -> backward left when ready
+
+    @property
+    def step_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def _kind(m: nn.Module) -> str:
+    if isinstance(m, nn.Linear):
+        return "fc"
+    if isinstance(m, nn.modules.conv._ConvNd):
+        return "conv"
+    return "other"
+
+
+def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reps: int = 3) -> Profile:
+    owners = [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+    fwd: dict[str, list[float]] = {n: [] for n, _ in owners}
+    ready: dict[str, list[float]] = {}
+    totals_f, totals_b = [], []
+    starts: dict[str, float] = {}
+    handles = []
+    for n, m in owners:
+        handles.append(m.register_forward_pre_hook(lambda mod, inp, n=n: starts.__setitem__(n, time.perf_counter())))
+        handles.append(m.register_forward_hook(lambda mod, inp, out, n=n: fwd[n].append(time.perf_counter() - starts[n])))
+    stamp: dict[str, float] = {}
+    for pname, p in model.named_parameters():
+        handles.append(p.register_post_accumulate_grad_hook(lambda t, pname=pname: stamp.__setitem__(pname, time.perf_counter())))
+    was_training = model.training
+    model.train()
+    try:
+        for rep in range(reps + 1):  # the first repetition warms caches up and is discarded
+            stamp.clear()
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(inputs), targets)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            if rep == 0:
+                for v in fwd.values():
+                    v.clear()
+                continue
+            totals_f.append(t1 - t0)
+            totals_b.append(t2 - t1)
+            for pname, t in stamp.items():
+                ready.setdefault(pname, []).append(t - t1)
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    bwd_total = statistics.median(totals_b)
+    ready_at = {p: statistics.median(v) for p, v in ready.items()}
+    layers = []
+    # backward time of a layer: from the previous layer's (in backward order) grads to its own
+    order = sorted(owners, key=lambda nm: max(ready_at.get(f"{nm[0]}.{pn}" if nm[0] else pn, 0.0)
+                                               for pn, _ in nm[1].named_parameters(recurse=False)))
+    prev = 0.0
+    bwd: dict[str, float] = {}
+    for n, m in order:
+        t = max(ready_at.get(f"{n}.{pn}" if n else pn, 0.0) for pn, _ in m.named_parameters(recurse=False))
+        bwd[n], prev = max(0.0, t - prev), t
+    for n, m in owners:
+        ps = list(m.parameters(recurse=False))
+        w = getattr(m, "weight", None)
+        layers.append(LayerProfile(
+            name=n, kind=_kind(m), params=sum(p.numel() for p in ps),
+            param_bytes=sum(p.numel() * p.element_size() for p in ps),
+            forward_s=statistics.median(fwd[n]) if fwd[n] else 0.0, backward_s=bwd.get(n, 0.0),
+            shape=tuple(w.shape) if w is not None else (),
+            in_features=getattr(m, "in_features", 0), out_features=getattr(m, "out_features", 0),
+        ))
+    overlap = {p: max(0.0, bwd_total - t) for p, t in ready_at.items()}
+    return Profile(layers, statistics.median(totals_f), bwd_total, int(inputs.shape[0]), overlap)

@@ -1,0 +1,86 @@
+"""`ring-topk` (annular updating) and its public peer `topk-allgather`, both as DDP + a comm hook.
+
+ring-topk: per-tensor top-k selection with error feedback (or DGC momentum correction), summed
+over the ring with the exchange the cost model picks per bucket (dense where selection does not
+pay), small tensors fused into one dense message. The cost model is fed with what this job
+measures at set-up: the link latency and bandwidth (an all-reduce probe), the CPU cost of
+selection and scatter-adds, and each parameter's overlap window from a profile of the model.
+
+topk-allgather: what GRACE and DGC do: every tensor selected and all-gathered with
+torch.distributed.all_gather, padded (`--exchange gloo-allgather`, nothing dense).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+
+from ringps.comm.probe import broadcast_object, measured_cost_params
+from ringps.hooks import RingTopkState, TimedHook, ring_topk_hook
+from ringps.schedule.profile import profile_model
+from ringps.strategies.base import STRATEGIES, WorkerContext
+from ringps.strategies.ddp import DDPStrategy
+
+
+@STRATEGIES.register("ring-topk")
+class RingTopk(DDPStrategy):
+    exchange_override: str | None = None
+    dense_below_override: int | None = None
+
+    def make_state(self, ctx: WorkerContext) -> RingTopkState:
+        c = self.cfg.compress
+        return RingTopkState(
+            density=c.density, process_group=ctx.group,
+            warmup_steps=int(round(c.density_warmup_epochs * ctx.steps_per_epoch)),
+            selector=c.selector, memory=c.memory, exchange=self.exchange_override or c.exchange,
+            dense_below=c.dense_below if self.dense_below_override is None else self.dense_below_override,
+            block=c.block, momentum=self.cfg.train.momentum, clip_norm=c.clip_norm,
+            seed=self.cfg.run.seed, timeout=ctx.timeout,
+        )
+
+    def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
+        state = self.make_state(ctx).bind(self.model)
+        if state.exchange_name == "auto":
+            state.cost = measured_cost_params(ctx.group)
+            b = ctx.sample_batch
+            prof = profile_model(self.model, b.inputs.to(ctx.device), b.targets.to(ctx.device)) if b is not None else None
+            overlap = broadcast_object(prof.overlap_s if prof else {}, ctx.group)  # one plan for all ranks
+            by_name = dict(self.model.named_parameters())
+            state.overlap = {id(by_name[n]): s for n, s in overlap.items() if n in by_name}
+        if self.cfg.compress.memory == "dgc":  # momentum lives in the memory now
+            for g in self.optimizer.param_groups:
+                g["momentum"] = 0.0
+        self._last_payload = 0
+        return state, TimedHook(ring_topk_hook)
+
+    def setup(self, model: nn.Module, optimizer, ctx: WorkerContext) -> None:
+        self.model = model  # make_hook profiles the bare model before DDP wraps it
+        super().setup(model, optimizer, ctx)
+
+    def step_extra(self) -> dict[str, Any]:
+        s: RingTopkState = self.hook_state
+        total = sum(s.meter.sent.values())
+        sent, self._last_payload = total - self._last_payload, total
+        return {"density": s.schedule(max(0, s.iteration - 1)), "payload_step": sent}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ring_topk": self.hook_state.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "ring_topk" in state:
+            self.hook_state.load_state_dict(state["ring_topk"])
+
+    def summary(self) -> dict[str, Any]:
+        s: RingTopkState = self.hook_state
+        return {"exchanges_chosen": dict(s.chosen), "payload_sent": dict(s.meter.sent),
+                "cost_params": s.cost.as_dict()}
+
+    def close(self) -> None:
+        self.hook_state.close()
+
+
+@STRATEGIES.register("topk-allgather")
+class TopkAllGather(RingTopk):
+    exchange_override = "gloo-allgather"
+    dense_below_override = 0
