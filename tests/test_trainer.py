@@ -52,10 +52,13 @@ def test_loss_spikes():
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("strategy", ["allreduce", "ring-topk"])
+def test_resume_continues_exactly(tmp_path, strategy):
+    """Checkpoint at step 4, resume into a new run: step 8 is bitwise what the unbroken run had
+    (the ring-topk residuals, selector generator and loop position are all in the checkpoint)."""
     common = ["--dataset", "synthetic", "--synthetic-samples", "128", "--synthetic-shape", "1,8,8", "--model",
-              "facenet", "--batch-size", "8", "--workers", "2", "--steps", "8", "--no-progress", "--strategy", "allreduce",
-              "--powersgd-start-iter", "2"]
+              "facenet", "--batch-size", "8", "--workers", "2", "--steps", "8", "--no-progress", "--strategy", strategy,
+              "--exchange", "allgather", "--density", "0.05", "--dense-below", "1000"]
 
     def run(*args):
         r = subprocess.run([sys.executable, "-m", "ringps", "train", *common, *args], capture_output=True, text=True, timeout=240)

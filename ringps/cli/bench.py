@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
+from ringps.cli.tables import wide_console
 from rich.table import Table
 
 from ringps.config import parse_rate
@@ -23,6 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     net.add_argument("--bandwidth", default="1gbit", help="one rate, or one per host (comma-separated)")
     net.add_argument("--seconds", type=float, default=1.0, help="about how long each transfer takes")
     net.add_argument("--iters", type=int, default=3, help="timed all_reduce repetitions (median)")
+    comm = sub.add_parser("comm", help="time, bytes, algbw and busbw of every exchange, against the bound for its bytes")
+    comm.add_argument("--workers", type=int, default=4)
+    comm.add_argument("--net", default=None, help="shape each worker's link (e.g. 100mbit); default loopback")
+    comm.add_argument("--sizes", default="1e6,1e7", help="tensor sizes in floats")
+    comm.add_argument("--densities", default="0.01,0.001")
+    comm.add_argument("--repeats", type=int, default=5)
+    comm.add_argument("--block", type=int, default=256, help="shared-index block size")
 
 
 def _mbit(bps: float) -> str:
@@ -43,7 +50,7 @@ def run_net(args: argparse.Namespace) -> int:
     if len(rates) != args.hosts:
         raise ConfigError(f"--bandwidth: {len(rates)} rates for --hosts {args.hosts}")
     res = bench_net(rates, args.seconds, args.iters)
-    console = Console()
+    console = wide_console()
     console.print(res.description)
     t = Table("host", "configured", "TCP to next host", "ratio", "all_reduce send rate", "ratio")
     for link in res.links:
@@ -58,5 +65,58 @@ def run_net(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_comm(args: argparse.Namespace) -> int:
+    """nccl-tests definitions: algbw = tensor bytes / time; busbw = algbw * 2(N-1)/N for an
+    all-reduce. The bound is the time the bytes an exchange actually sends need on one link."""
+    import contextlib
+
+    from ringps.launch.spawn import run_module
+
+    if args.workers < 2:
+        raise ConfigError(f"--workers {args.workers}: need at least 2 to exchange anything")
+    rate = None
+    if args.net:
+        try:
+            rate = parse_rate(args.net)
+        except ValueError as e:
+            raise ConfigError(f"--net {args.net}: {e}") from None
+        from ringps.launch.cluster import Cluster, ClusterError, placement, requirements_missing
+
+        why = requirements_missing()
+        if why:
+            raise ClusterError(why)
+        ctx = Cluster.create([rate] * args.workers)
+    else:
+        ctx = contextlib.nullcontext()
+    module_args = ["--sizes", args.sizes, "--densities", args.densities, "--repeats", str(args.repeats),
+                   "--block", str(args.block)]
+    with ctx as c:
+        res = run_module("ringps.comm.bench", module_args, args.workers, placement(c) if c else None, timeout=3600)[0]
+    n = res["world"]
+    link = rate / 8 if rate else res["bandwidth"]
+    console = wide_console()
+    console.print(f"{n} workers, {'links ' + args.net + ' (tc tbf)' if rate else 'loopback'}; "
+                  f"bound = bytes sent per worker / {link * 8 / 1e6:,.0f} Mbit/s"
+                  f"{' (measured)' if not rate else ''}; times are medians of {args.repeats}")
+    t = Table("exchange", "numel", "density", "time", "select", "bytes sent", "algbw", "busbw", "bound", "time/bound")
+    for r in res["rows"]:
+        tb = r["numel"] * 4
+        algbw = tb / r["time_s"]
+        busbw = algbw * 2 * (n - 1) / n if r["density"] == 1.0 else r["bytes_sent"] / r["time_s"]
+        bound = r["bytes_sent"] / link
+        mark = " *" if r.get("chosen") else ""
+        t.add_row(r["exchange"] + mark, f"{r['numel']:.0e}", f"{r['density']:g}", f"{r['time_s'] * 1e3:.1f} ms",
+                  f"{r['select_s'] * 1e3:.1f} ms" if r["select_s"] else "-", f"{r['bytes_sent'] / 1e6:.2f} MB",
+                  _gbit(algbw), _gbit(busbw), f"{bound * 1e3:.1f} ms", f"{r['time_s'] / bound:.2f}")
+    console.print(t)
+    console.print("* the sparse exchange the cost model picks. algbw: dense-equivalent bytes / time; "
+                  "sparse busbw: bytes actually sent / time.")
+    return 0
+
+
+def _gbit(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e9:.2f} Gbit/s"
+
+
 def run(args: argparse.Namespace) -> int:
-    return {"net": run_net}[args.what](args)
+    return {"net": run_net, "comm": run_comm}[args.what](args)

@@ -1,8 +1,10 @@
 """Sparse exchanges: sum k-sparse vectors over N workers and return the average, dense.
 
 Each exchange takes the accumulated gradient `acc` of a bucket (flat), the bucket's segments
-(one per large tensor, with its own k) and a selector, and returns the averaged update plus the
-local positions that count as sent (the memory keeps the rest):
+(one per large tensor, with its own k), a selector and an `out` buffer of acc's size; it writes
+the averaged update into `out` and returns the local positions that count as sent (the memory
+keeps the rest). `out` is reused by the caller (often the gradient itself): no per-step
+allocation of bucket-sized tensors.
 
 - `allgather`      ring all-gather of (index, value) pairs, then a scatter-add in rank order:
                    (N-1) k (b_i + b_v) bytes per worker, linear in N.
@@ -43,7 +45,7 @@ class Segment(NamedTuple):
 
 
 class Reduced(NamedTuple):
-    update: torch.Tensor  # (n,) dense, averaged over ranks
+    update: torch.Tensor  # (n,) dense, averaged over ranks (the `out` buffer)
     sent: torch.Tensor | None  # (m,) int64 sorted local positions that went out; None: all of them
 
 
@@ -72,20 +74,26 @@ class Exchange:
     name = ""
     uses_selection = True  # False: sends everything (dense)
 
-    def reduce(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, ring: Ring, step: int) -> Reduced:
+    def reduce(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, ring: Ring, step: int,
+               out: torch.Tensor | None = None) -> Reduced:
         raise NotImplementedError
+
+
+def _meter_ring(ring: Ring, name: str, t: torch.Tensor) -> None:
+    """Bytes a ring all-reduce of `t` sends (and receives) per rank."""
+    if ring.meter is not None:
+        nbytes = 2 * (ring.size - 1) * t.numel() * t.element_size() // ring.size
+        ring.meter.add(name, nbytes, nbytes)
 
 
 @EXCHANGES.register("dense")
 class Dense(Exchange):
     name, uses_selection = "dense", False
 
-    def reduce(self, acc, segments, selector, ring, step):
-        out = acc.clone()
+    def reduce(self, acc, segments, selector, ring, step, out=None):
+        out = acc.clone() if out is None else out.copy_(acc)
         dist.all_reduce(out, group=ring.group)
-        if ring.meter is not None:
-            nbytes = 2 * (ring.size - 1) * out.numel() * out.element_size() // max(ring.size, 1)
-            ring.meter.add(self.name, nbytes, nbytes)
+        _meter_ring(ring, self.name, out)
         return Reduced(out.div_(ring.size), None)
 
 
@@ -93,7 +101,7 @@ class Dense(Exchange):
 class AllGather(Exchange):
     name = "allgather"
 
-    def reduce(self, acc, segments, selector, ring, step):
+    def reduce(self, acc, segments, selector, ring, step, out=None):
         sel = select_segments(acc, segments, selector, step)
         parts: list[Selection | None] = [None] * ring.size
         parts[ring.rank] = sel
@@ -103,7 +111,7 @@ class AllGather(Exchange):
             header, msg = ring.step_varsize(msg, [msg.numel(), k], f"sparse all-gather step {s}", self.name)
             k = header[1]
             parts[owner] = unpack(msg, k, acc.dtype)
-        out = torch.zeros_like(acc)
+        out = torch.zeros_like(acc) if out is None else out.zero_()
         for p in parts:  # rank order: identical sums everywhere
             out.index_add_(0, p.indices, p.values)
         return Reduced(out.div_(ring.size), sel.indices)
@@ -115,7 +123,7 @@ class GlooAllGather(Exchange):
 
     name = "gloo-allgather"
 
-    def reduce(self, acc, segments, selector, ring, step):
+    def reduce(self, acc, segments, selector, ring, step, out=None):
         sel = select_segments(acc, segments, selector, step)
         k = torch.tensor([sel.indices.numel()])
         counts = [torch.zeros_like(k) for _ in range(ring.size)]
@@ -129,7 +137,7 @@ class GlooAllGather(Exchange):
         if ring.meter is not None:
             nbytes = (ring.size - 1) * msg.numel()
             ring.meter.add(self.name, nbytes, nbytes)
-        out = torch.zeros_like(acc)
+        out = torch.zeros_like(acc) if out is None else out.zero_()
         for c, m in zip(counts, got):
             p = unpack(m, kmax, acc.dtype)
             out.index_add_(0, p.indices[: int(c)], p.values[: int(c)])
@@ -152,15 +160,14 @@ class SharedIndex(Exchange):
         scores = []
         for s in segments:
             seg = acc[s.offset : s.offset + s.numel]
-            nb = -(-s.numel // B)
-            sq = torch.zeros(nb * B, dtype=acc.dtype)
-            sq[: s.numel] = seg
-            scores.append(sq.view(nb, B).pow_(2).sum(1))
+            whole = s.numel // B * B  # norms of the full blocks straight from a view, no copy
+            parts = [torch.linalg.vector_norm(seg[:whole].view(-1, B), dim=1).square_()]
+            if whole < s.numel:
+                parts.append(seg[whole:].square().sum().view(1))
+            scores.append(torch.cat(parts) if len(parts) > 1 else parts[0])
         allscores = torch.cat(scores)
         dist.all_reduce(allscores, group=ring.group)
-        if ring.meter is not None:
-            nbytes = 2 * (ring.size - 1) * allscores.numel() * allscores.element_size() // ring.size
-            ring.meter.add(self.name, nbytes, nbytes)
+        _meter_ring(ring, self.name, allscores)
         picked, start = [], 0
         for s, sc in zip(segments, scores):
             nb = sc.numel()
@@ -172,7 +179,7 @@ class SharedIndex(Exchange):
             start += nb
         return torch.cat(picked) if picked else torch.empty(0, dtype=torch.long)
 
-    def reduce(self, acc, segments, selector, ring, step):
+    def reduce(self, acc, segments, selector, ring, step, out=None):
         if selector.shared_indices:
             idx = select_segments(acc, segments, selector, step).indices
         else:
@@ -180,10 +187,8 @@ class SharedIndex(Exchange):
         values = acc[idx]
         if values.numel() > 0:  # k is the same on every rank, so all skip together
             dist.all_reduce(values, group=ring.group)
-        if ring.meter is not None:
-            nbytes = 2 * (ring.size - 1) * values.numel() * values.element_size() // ring.size
-            ring.meter.add(self.name, nbytes, nbytes)
-        out = torch.zeros_like(acc)
+            _meter_ring(ring, self.name, values)
+        out = torch.zeros_like(acc) if out is None else out.zero_()
         out[idx] = values.div_(ring.size)
         return Reduced(out, idx)
 
@@ -234,7 +239,7 @@ class _Part:
 class SparseReduceScatter(Exchange):
     name = "sparse-rs"
 
-    def reduce(self, acc, segments, selector, ring, step):
+    def reduce(self, acc, segments, selector, ring, step, out=None):
         sel = select_segments(acc, segments, selector, step)
         n, N, r = acc.numel(), ring.size, ring.rank
         bounds = [n * j // N for j in range(N + 1)]
@@ -253,7 +258,11 @@ class SparseReduceScatter(Exchange):
             header, msg = parts[send_j].message()
             got_header, got = ring.step_varsize(msg, header, f"sparse all-gather step {s}", self.name)
             parts[recv_j] = _Part.from_message(got_header, got, acc.dtype)
-        out = torch.empty_like(acc)
+        out = torch.empty_like(acc) if out is None else out
         for j in range(N):
-            out[bounds[j] : bounds[j + 1]] = parts[j].to_dense(length[j])
+            part, dst = parts[j], out[bounds[j] : bounds[j + 1]]
+            if part.dense is not None:
+                dst.copy_(part.dense)
+            else:
+                dst.zero_().index_add_(0, part.idx, part.val)
         return Reduced(out.div_(N), sel.indices)

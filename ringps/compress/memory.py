@@ -6,8 +6,11 @@
   and v where sent (momentum factor masking). The optimizer then runs without momentum.
 - `none`: no memory (what is not sent is dropped) - for ablations.
 
-Local gradient clipping (DGC) scales each worker's gradient to norm <= clip / sqrt(N) before it
-enters the memory. Every buffer is in `state_dict()`.
+The accumulator works in place: `compensate` returns the memory's own buffer (the residual, or
+v), valid until `update`. No 40 MB tensor is allocated per step (fresh pages cost more than the
+arithmetic here). `place` lets the caller put a tensor's buffer inside a larger flat one, so a
+bucket's accumulators are contiguous. Local gradient clipping (DGC) scales each worker's
+gradient to norm <= clip / sqrt(N) first. Every buffer is in `state_dict()`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from ringps.compress import MEMORIES
 
 
 class Memory:
+    acc_kind = "residual"  # the buffer selection reads
+
     def __init__(self, momentum: float = 0.9, clip_norm: float = 0.0, workers: int = 1):
         self.momentum, self.clip_norm, self.workers = momentum, clip_norm, workers
         self.buffers: dict[str, dict[str, torch.Tensor]] = {}
@@ -30,6 +35,16 @@ class Memory:
             per[kind] = torch.zeros_like(like)
         return per[kind]
 
+    def place(self, name: str, view: torch.Tensor) -> torch.Tensor:
+        """Make `view` the accumulator of `name`, keeping what it held (e.g. after a resume)."""
+        old = self.buffers.get(name, {}).get(self.acc_kind)
+        if old is not None and old.shape == view.shape:
+            view.copy_(old)
+        else:
+            view.zero_()
+        self.buffers.setdefault(name, {})[self.acc_kind] = view
+        return view
+
     def clip(self, grad: torch.Tensor) -> torch.Tensor:
         if self.clip_norm > 0:
             limit = self.clip_norm / self.workers**0.5
@@ -39,12 +54,19 @@ class Memory:
         return grad
 
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
-        """The accumulated gradient to select from (a new tensor; `grad` is not modified)."""
+        """Fold `grad` in; returns the accumulator to select from (the memory's own buffer)."""
         raise NotImplementedError
 
-    def update(self, name: str, acc: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
-        """Keep what was not sent; `sent` are the flat indices that went out (None: all)."""
+    def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
+        """Forget what was sent: `sent` are the flat positions that went out (None: all)."""
         raise NotImplementedError
+
+    @staticmethod
+    def _zero(buf: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
+        if sent is None:
+            buf.zero_()
+        elif sent.numel():
+            buf[sent] = 0
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffers": {n: {k: t.clone() for k, t in b.items()} for n, b in self.buffers.items()}}
@@ -56,39 +78,30 @@ class Memory:
 @MEMORIES.register("ef")
 class ErrorFeedback(Memory):
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
-        return self._buf(name, "residual", grad) + self.clip(grad)
+        return self._buf(name, "residual", grad).add_(self.clip(grad))
 
-    def update(self, name: str, acc: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
-        residual = self._buf(name, "residual", acc)
-        if sent is None:
-            residual.zero_()
-        else:
-            residual.copy_(acc)
-            residual[sent] = 0
+    def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
+        self._zero(self.buffers[name]["residual"], sent)
 
 
 @MEMORIES.register("dgc")
 class MomentumCorrection(Memory):
+    acc_kind = "v"
+
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         u = self._buf(name, "u", grad)
-        v = self._buf(name, "v", grad)
         u.mul_(self.momentum).add_(self.clip(grad))
-        v.add_(u)
-        return v.clone()
+        return self._buf(name, "v", grad).add_(u)
 
-    def update(self, name: str, acc: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
-        for kind in ("u", "v"):
-            buf = self.buffers[name][kind]
-            if sent is None:
-                buf.zero_()
-            else:
-                buf[sent] = 0
+    def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
+        self._zero(self.buffers[name]["u"], sent)
+        self._zero(self.buffers[name]["v"], sent)
 
 
 @MEMORIES.register("none")
 class NoMemory(Memory):
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
-        return self.clip(grad).clone()
+        return self._buf(name, "residual", grad).copy_(self.clip(grad))
 
-    def update(self, name: str, acc: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
+    def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
         pass

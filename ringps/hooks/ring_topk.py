@@ -66,6 +66,7 @@ class RingTopkState:
         self.overlap: dict[int, float] = {}  # id(param) -> backward seconds left once its grad is ready
         self.plans: dict[tuple, str] = {}  # (bucket signature, k) -> exchange name
         self.deferred: list[tuple[torch.futures.Future, torch.Tensor, list[torch.Tensor]]] = []
+        self._flat: dict[tuple, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         self._ring: Optional[Ring] = None
         self._thread: Optional[CommThread] = None
         # statistics
@@ -108,6 +109,7 @@ class RingTopkState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
         self.memory.load_state_dict(state["memory"])
+        self._flat.clear()  # re-place the loaded buffers into fresh flat accumulators
         gen = self._generator()
         if gen is not None and state.get("selector_rng") is not None:
             gen.set_state(state["selector_rng"])
@@ -122,31 +124,48 @@ class RingTopkState:
             self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block)[0]
         return self.plans[key]
 
+    def buffers(self, index: int, names: list[str], large: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket's flat accumulator (the memories' buffers, contiguous) and its output
+        buffer, made once per bucket layout and reused every step."""
+        key = (index, tuple(names))
+        if key not in self._flat:
+            n = sum(g.numel() for g in large)
+            acc = torch.empty(n, dtype=large[0].dtype, device=large[0].device)
+            offset = 0
+            for name, g in zip(names, large):
+                self.memory.place(name, acc[offset : offset + g.numel()])
+                offset += g.numel()
+            out = torch.empty_like(acc) if len(large) > 1 else None  # one tensor: write into its grad
+            self._flat[key] = (acc, out)
+        return self._flat[key]
+
     def process(self, index: int, grads: list[torch.Tensor], params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
         """Reduce the bucket's large tensors in place; return its small ones (deferred)."""
         large = [(g, p) for g, p in zip(grads, params) if g.numel() >= self.dense_below]
         small = [g for g in grads if g.numel() < self.dense_below]
-        if large:
-            names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
-            accs = [self.memory.compensate(name, g.flatten()) for name, (g, _) in zip(names, large)]
-            segments, offset = [], 0
-            for i, a in enumerate(accs):
-                segments.append(Segment(offset, a.numel(), self.schedule.k(a.numel(), step), key=index * 1000 + i))
-                offset += a.numel()
-            acc = accs[0] if len(accs) == 1 else torch.cat(accs)
-            overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
-            name = self.plan(segments, overlap)
-            reduced = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
-            out = reduced.reduce(acc, segments, self.selector, self.ring, step)
-            self.chosen[name] = self.chosen.get(name, 0) + 1
-            sent = out.sent
-            for s, a, tname, (g, _) in zip(segments, accs, names, large):
-                g.copy_(out.update[s.offset : s.offset + s.numel].view_as(g))
-                if sent is None:
-                    self.memory.update(tname, a, None)
-                else:
-                    lo, hi = torch.searchsorted(sent, torch.tensor([s.offset, s.offset + s.numel])).tolist()
-                    self.memory.update(tname, a, sent[lo:hi] - s.offset)
+        if not large:
+            return small
+        names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
+        acc, out = self.buffers(index, names, [g for g, _ in large])
+        segments, offset = [], 0
+        for i, (name, (g, _)) in enumerate(zip(names, large)):
+            self.memory.compensate(name, g.view(-1))  # accumulates into acc[offset:...] in place
+            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), key=index * 1000 + i))
+            offset += g.numel()
+        overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
+        name = self.plan(segments, overlap)
+        exchange = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
+        dest = out if out is not None else large[0][0].view(-1)
+        sent = exchange.reduce(acc, segments, self.selector, self.ring, step, dest).sent
+        self.chosen[name] = self.chosen.get(name, 0) + 1
+        for s, tname, (g, _) in zip(segments, names, large):
+            if out is not None:
+                g.view(-1).copy_(out[s.offset : s.offset + s.numel])
+            if sent is None:
+                self.memory.update(tname, None)
+            else:
+                lo, hi = torch.searchsorted(sent, torch.tensor([s.offset, s.offset + s.numel])).tolist()
+                self.memory.update(tname, sent[lo:hi] - s.offset)
         return small
 
     def reduce_small(self, tensors: list[torch.Tensor]) -> None:
@@ -164,8 +183,9 @@ class RingTopkState:
             offset += t.numel()
 
 
-def ring_topk_hook(state: RingTopkState, bucket) -> torch.futures.Future:
-    """DDP communication hook. No annotations on purpose: DDP compares them to its classes."""
+def ring_topk_hook(state, bucket):
+    """DDP communication hook (state: RingTopkState). No annotations on purpose: DDP compares
+    them to its own classes, and this module's postponed annotations would be strings."""
     fut: torch.futures.Future = torch.futures.Future()
     buffer, grads, params = bucket.buffer(), bucket.gradients(), bucket.parameters()
     index, last, step = bucket.index(), bucket.is_last(), state.iteration

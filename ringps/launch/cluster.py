@@ -233,10 +233,15 @@ def cluster_placement(cfg, run_id: str) -> Iterator[Placement]:
         raise ClusterError(f"--net {cfg.run.net}: {len(rates)} rates for {world} hosts (workers, then servers); "
                            "give one rate, or one per host")
     with Cluster.create(rates) as c:
-        yield Placement(
-            master_addr=c.addr(0),
-            prefixes={r: c.exec_prefix(r) for r in range(world)},
-            envs={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in range(world)},
-            description=c.describe(),
-            counters=c.counters,
-        )
+        yield placement(c)
+
+
+def placement(c: Cluster) -> Placement:
+    """Rank r on host r, talking over eth0."""
+    return Placement(
+        master_addr=c.addr(0),
+        prefixes={r: c.exec_prefix(r) for r in range(c.hosts)},
+        envs={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in range(c.hosts)},
+        description=c.describe(),
+        counters=c.counters,
+    )

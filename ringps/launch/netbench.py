@@ -16,7 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ringps.launch.cluster import Cluster, ClusterError
+from ringps.launch.cluster import Cluster, ClusterError, placement
+from ringps.launch.spawn import run_module
 
 PROBE = [sys.executable, "-m", "ringps.launch.netprobe"]
 PORT = 5201
@@ -69,15 +70,10 @@ def allreduce(c: Cluster, seconds: float, iters: int) -> tuple[dict, list[dict[s
     # size the tensor so one all_reduce takes about `seconds` on the slowest link
     nbytes = slowest / 8 * seconds / (2 * (n - 1) / n)
     numel = max(1024, int(nbytes / 4))
-    env = {"MASTER_ADDR": c.addr(0), "MASTER_PORT": "29400", "WORLD_SIZE": str(n), "GLOO_SOCKET_IFNAME": "eth0"}
-    import os
-
     before = c.counters()
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(c.exec_prefix(h) + PROBE + ["allreduce", str(numel), str(iters)],
-                              env={**os.environ, **env, "RANK": str(h)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in range(n)]
-    results = [_json(p, f"all_reduce on host {h}", 120 + 4 * seconds * (iters + 1)) for h, p in enumerate(procs)]
+    results = run_module("ringps.launch.netprobe", ["allreduce", str(numel), str(iters)], n, placement(c),
+                         timeout=120 + 4 * seconds * (iters + 1))
     elapsed = time.perf_counter() - t0
     after = c.counters()
     return results[0], before, after, elapsed
