@@ -26,7 +26,7 @@ def _timed(t: torch.Tensor, group, reps: int) -> float:
     return float(worst)
 
 
-def measure_links(group=None, nbytes: int = 2 << 20, reps: int = 3) -> tuple[float, float]:
+def measure_links(group=None, nbytes: int = 4 << 20, reps: int = 3) -> tuple[float, float]:
     """(latency per message in s, bandwidth in bytes/s per link) seen by a ring all-reduce."""
     n = dist.get_world_size(group)
     if n == 1:

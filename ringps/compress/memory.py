@@ -28,6 +28,11 @@ class Memory:
     def __init__(self, momentum: float = 0.9, clip_norm: float = 0.0, workers: int = 1):
         self.momentum, self.clip_norm, self.workers = momentum, clip_norm, workers
         self.buffers: dict[str, dict[str, torch.Tensor]] = {}
+        self.dirty: set[str] = set()  # names whose memory may hold something
+
+    def is_clean(self, name: str) -> bool:
+        """True when the memory holds nothing for `name`, so a dense exchange may skip it."""
+        return name not in self.dirty
 
     def _buf(self, name: str, kind: str, like: torch.Tensor) -> torch.Tensor:
         per = self.buffers.setdefault(name, {})
@@ -61,18 +66,21 @@ class Memory:
         """Forget what was sent: `sent` are the flat positions that went out (None: all)."""
         raise NotImplementedError
 
-    @staticmethod
-    def _zero(buf: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
+    def _zero(self, name: str, buf: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
         if sent is None:
             buf.zero_()
-        elif sent.numel():
-            buf[sent] = 0
+            self.dirty.discard(name)
+        else:
+            if sent.numel():
+                buf[sent] = 0
+            self.dirty.add(name)
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffers": {n: {k: t.clone() for k, t in b.items()} for n, b in self.buffers.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffers = {n: {k: t.clone() for k, t in b.items()} for n, b in state["buffers"].items()}
+        self.dirty = {n for n, b in self.buffers.items() if any(t.any() for t in b.values())}
 
 
 @MEMORIES.register("ef")
@@ -81,12 +89,15 @@ class ErrorFeedback(Memory):
         return self._buf(name, "residual", grad).add_(self.clip(grad))
 
     def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
-        self._zero(self.buffers[name]["residual"], sent)
+        self._zero(name, self.buffers[name]["residual"], sent)
 
 
 @MEMORIES.register("dgc")
 class MomentumCorrection(Memory):
     acc_kind = "v"
+
+    def is_clean(self, name: str) -> bool:
+        return False  # the momentum u lives here: every step must go through it
 
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         u = self._buf(name, "u", grad)
@@ -94,12 +105,15 @@ class MomentumCorrection(Memory):
         return self._buf(name, "v", grad).add_(u)
 
     def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
-        self._zero(self.buffers[name]["u"], sent)
-        self._zero(self.buffers[name]["v"], sent)
+        self._zero(name, self.buffers[name]["u"], sent)
+        self._zero(name, self.buffers[name]["v"], sent)
 
 
 @MEMORIES.register("none")
 class NoMemory(Memory):
+    def is_clean(self, name: str) -> bool:
+        return True
+
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         return self._buf(name, "residual", grad).copy_(self.clip(grad))
 

@@ -139,21 +139,31 @@ class RingTopkState:
             self._flat[key] = (acc, out)
         return self._flat[key]
 
-    def process(self, index: int, grads: list[torch.Tensor], params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+    def process(self, index: int, buffer: torch.Tensor, grads: list[torch.Tensor], params: list[torch.Tensor],
+                step: int) -> list[torch.Tensor]:
         """Reduce the bucket's large tensors in place; return its small ones (deferred)."""
         large = [(g, p) for g, p in zip(grads, params) if g.numel() >= self.dense_below]
         small = [g for g in grads if g.numel() < self.dense_below]
         if not large:
             return small
         names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
-        acc, out = self.buffers(index, names, [g for g, _ in large])
         segments, offset = [], 0
-        for i, (name, (g, _)) in enumerate(zip(names, large)):
-            self.memory.compensate(name, g.view(-1))  # accumulates into acc[offset:...] in place
+        for i, (g, _) in enumerate(large):
             segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), key=index * 1000 + i))
             offset += g.numel()
         overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
         name = self.plan(segments, overlap)
+        if name == "dense" and all(self.memory.is_clean(n) for n in names):
+            # nothing held back: exactly DDP's all-reduce of the whole bucket, small tensors too
+            dist.all_reduce(buffer, group=self.process_group)
+            n = self.ring.size
+            self.meter.add("dense", buffer.numel() * buffer.element_size() * 2 * (n - 1) // n)
+            buffer.div_(n)
+            self.chosen[name] = self.chosen.get(name, 0) + 1
+            return []
+        acc, out = self.buffers(index, names, [g for g, _ in large])
+        for tname, (g, _) in zip(names, large):
+            self.memory.compensate(tname, g.view(-1))  # accumulates into acc in place
         exchange = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
         dest = out if out is not None else large[0][0].view(-1)
         sent = exchange.reduce(acc, segments, self.selector, self.ring, step, dest).sent
@@ -192,7 +202,7 @@ def ring_topk_hook(state, bucket):
 
     def work() -> None:
         try:
-            small = state.process(index, grads, params, step)
+            small = state.process(index, buffer, grads, params, step)
             if small:
                 state.deferred.append((fut, buffer, small))
             else:

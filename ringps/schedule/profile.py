@@ -67,6 +67,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         handles.append(p.register_post_accumulate_grad_hook(lambda t, pname=pname: stamp.__setitem__(pname, time.perf_counter())))
     was_training = model.training
     model.train()
+    rng = torch.get_rng_state()  # dropout draws here must not shift the training run's randomness
     try:
         for rep in range(reps + 1):  # the first repetition warms caches up and is discarded
             stamp.clear()
@@ -89,6 +90,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             h.remove()
         model.zero_grad(set_to_none=True)
         model.train(was_training)
+        torch.set_rng_state(rng)
     bwd_total = statistics.median(totals_b)
     ready_at = {p: statistics.median(v) for p, v in ready.items()}
     layers = []

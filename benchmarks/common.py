@@ -1,0 +1,112 @@
+"""Shared machinery of the benchmark scripts: run contenders side by side, repeat, take medians,
+print ratio tables and write everything to one folder a user can diff.
+
+Each repeat runs every contender once, in turn (interleaved, so slow drift of this shared
+machine hits all of them alike), with seed = repeat index. The spread (min..max over repeats)
+is printed next to each median: that is how noisy the machine was.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from ringps.config import load_config  # noqa: E402
+from ringps.launch.run import run_job  # noqa: E402
+
+console = Console(width=170)
+
+
+def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[str, dict[str, Any]],
+               repeats: int, common: dict[str, Any], out: Optional[Path] = None) -> tuple[Path, dict]:
+    """settings: label -> options (e.g. {"net": "100mbit"}); contenders: label -> options.
+    Returns the output folder and {setting: {contender: [summary per repeat]}}."""
+    out = out or Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, list[dict]]] = {}
+    total = len(settings) * len(contenders) * repeats
+    done = 0
+    for slabel, sopts in settings.items():
+        results[slabel] = {c: [] for c in contenders}
+        for rep in range(repeats):
+            for clabel, copts in contenders.items():
+                done += 1
+                opts = {**common, **sopts, **copts, "seed": rep, "progress": False,
+                        "out": str(out / slabel / f"{clabel}-r{rep}"), "name": f"{clabel}-r{rep}"}
+                console.print(f"[{done}/{total}] {slabel} / {clabel} / repeat {rep}", style="bold")
+                t0 = time.time()
+                s = run_job(load_config(None, opts), Console(stderr=True, quiet=True))
+                s["label"] = clabel
+                results[slabel][clabel].append(s)
+                console.print(f"    wall {s['wall_s']:.0f}s, time-to-acc {s['time_to_accuracy_s']}, "
+                              f"final {s['final_accuracy']}, job {time.time() - t0:.0f}s")
+                (out / "results.json").write_text(json.dumps(strip(results), indent=1))
+    return out, results
+
+
+def strip(results: dict) -> dict:
+    keep = ("label", "strategy", "time_to_accuracy_s", "final_accuracy", "best_accuracy", "wall_s", "utilization",
+            "bytes_sent_per_step", "compute_s_per_step", "comm_s_per_step", "wait_s_per_step", "loss_spikes",
+            "steps", "net", "slowdown", "run_dir", "diverged", "strategy_stats")
+    return {s: {c: [{k: r.get(k) for k in keep} for r in runs] for c, runs in cs.items()} for s, cs in results.items()}
+
+
+def med(runs: list[dict], key: str) -> Optional[float]:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals and len(vals) * 2 > len(runs) else None
+
+
+def spread(runs: list[dict], key: str) -> str:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    if len(vals) < 2:
+        return ""
+    return f" [{min(vals):.3g}..{max(vals):.3g}]"
+
+
+COLUMNS = [("time-to-acc s", "time_to_accuracy_s", True), ("final acc", "final_accuracy", False),
+           ("wall s", "wall_s", True), ("utilization", "utilization", True),
+           ("MB/step", "bytes_sent_per_step", True), ("comm s/step", "comm_s_per_step", False),
+           ("spikes", "loss_spikes", False)]
+
+
+def table(title: str, runs_by: dict[str, list[dict]], ref: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    t.add_column("contender", style="bold")
+    for header, _, _ in COLUMNS:
+        t.add_column(header + " (median [min..max])", justify="right")
+    for label, runs in runs_by.items():
+        cells = [label]
+        for _, key, ratio in COLUMNS:
+            m = med(runs, key)
+            scale = 1e-6 if key == "bytes_sent_per_step" else 1.0
+            if m is None:
+                cells.append("-" + spread(runs, key))
+                continue
+            text = f"{m * scale:.3g}" + spread([{key: (r[key] * scale if r.get(key) is not None else None)} for r in runs], key)
+            r0 = med(runs_by[ref], key)
+            if ratio and label != ref and r0:
+                text += f" ({m / r0:.2f}x)"
+            cells.append(text)
+        t.add_row(*cells)
+    return t
+
+
+def verdict(lines: list[tuple[str, bool, str]]) -> list[str]:
+    out = []
+    for claim, ok, numbers in lines:
+        out.append(f"{'MET   ' if ok else 'MISSED'} {claim}: {numbers}")
+    return out
+
+
+def write_report(out: Path, text: str) -> None:
+    (out / "report.txt").write_text(text)
+    console.print(f"\nresults: {out}/results.json, {out}/report.txt")
