@@ -167,6 +167,26 @@ class CompressConfig(Section):
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
 
 
+class PSConfig(Section):
+    """Parameter servers and their staleness policies (read by the ps-* strategies)."""
+
+    staleness_threshold: int = Field(4, ge=0, description="T: threshold drops pushes older than T versions; ssp's bound")
+    vsgd_sample: float = Field(0.01, gt=0, le=1, description="vsgd: fraction of each tensor's values sent along (at least 64)")
+    vsgd_weight: str = Field("inverse:0.01", description="vsgd: weight f(d) as NAME:SCALE, NAME in exp, inverse, linear, none")
+    vsgd_drop: Optional[float] = Field(None, gt=0, description="vsgd: drop a push whose relative value distance exceeds this")
+    dcasgd_lambda: float = Field(0.04, ge=0, description="dcasgd: delay-compensation strength")
+    ps_checkpoint_every: int = Field(0, ge=0, description="servers save a checkpoint every N versions (0: never)")
+    slice_size: int = Field(1 << 20, ge=1024, description="largest slice of a shard on the wire, in entries")
+
+    @field_validator("vsgd_weight")
+    @classmethod
+    def _weight(cls, v: str) -> str:
+        from ringps.ps.policies import parse_weight
+
+        parse_weight(v)
+        return v
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -176,6 +196,7 @@ class Config(BaseModel):
     train: TrainConfig = TrainConfig()
     strategy: StrategyConfig = StrategyConfig()
     compress: CompressConfig = CompressConfig()
+    ps: PSConfig = PSConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":

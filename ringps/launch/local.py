@@ -147,7 +147,7 @@ class Job:
                     if code not in (None, 0) and r not in failed:
                         failed[r] = self.reason(r, code)
                 fatal = [r for r in failed if synchronous or not self.is_worker(r)]
-                if fatal or (failed and all(done[r] is not None for r in range(self.workers))):
+                if fatal or all(r in failed for r in range(self.workers)):  # a server, or every worker
                     time.sleep(COLLECT_S)  # let the ranks that fail with it report too
                     for r, p in self.procs.items():
                         if r not in failed and p.poll() not in (None, 0):

@@ -105,12 +105,17 @@ class Strategy:
     def close(self) -> None:
         pass
 
-    def serve(self, ctx: WorkerContext) -> None:
+    def serve(self, ctx: WorkerContext, model: nn.Module) -> None:
         """Entry for server ranks (strategies with `needs_servers`)."""
         raise NotImplementedError
 
     def summary(self) -> dict[str, Any]:
-        """Strategy-specific figures for summary.json."""
+        """Strategy-specific figures of this rank (ranks/rankR.summary.yaml)."""
+        return {}
+
+    @classmethod
+    def merge_summary(cls, stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Top-level summary.json figures made from every rank's `summary()`."""
         return {}
 
 

@@ -38,6 +38,13 @@ def resolve(path: str) -> Path:
     raise ConfigError(f"--resume {path}: no checkpoint there (expected RUN, RUN/checkpoints or a stepN folder)")
 
 
+def exists(path: str, rank: int) -> bool:
+    try:
+        return (resolve(path) / f"rank{rank}.pt").is_file()
+    except ConfigError:
+        return False
+
+
 def load(path: str, rank: int) -> Optional[dict[str, Any]]:
     f = resolve(path) / f"rank{rank}.pt"
     if not f.is_file():

@@ -128,6 +128,9 @@ def finalize(run_dir: Path, extra: Optional[dict[str, Any]] = None) -> dict[str,
     stats = {f.name.split(".")[0]: yaml.safe_load(f.read_text()) for f in sorted((run_dir / "ranks").glob("*.summary.yaml"))}
     if stats:
         summary["strategy_stats"] = stats  # what each rank's strategy reported (exchanges, pushes...)
+        from ringps.strategies import STRATEGIES
+
+        summary.update(STRATEGIES.get(cfg["strategy"]["strategy"]).merge_summary(stats))
     rows.sort(key=lambda r: (r.get("wall") or 0.0, r.get("worker", -1)))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for r in rows:

@@ -110,7 +110,9 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg, ctx = self.cfg, self.ctx
-        resumed = self.load(cfg.train.resume) if cfg.train.resume else None
+        resumed = None
+        if cfg.train.resume and not (self.strategy.needs_servers and not checkpoint.exists(cfg.train.resume, ctx.rank)):
+            resumed = self.load(cfg.train.resume)  # (a ps worker without a checkpoint just pulls the servers' state)
         ctx.steps_per_epoch = len(self.loader)
         ctx.sample_batch = next(iter(self.loader.epoch(0)))
         self.strategy.setup(self.model, self.optimizer, ctx)

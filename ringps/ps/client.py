@@ -1,0 +1,108 @@
+"""The worker side of the parameter servers: pull, and push-and-pull in one round trip.
+
+The model's parameters and gradients are views into two flat buffers in layout order (see
+layout.py), so each shard's gradient is sent straight from the gradient buffer and each shard's
+new values are received straight into the parameters. Requests to all servers go out at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ringps.errors import CommTimeout, ProtocolError
+from ringps.ps import wire
+from ringps.ps.layout import Layout
+
+
+@dataclass
+class PushResult:
+    applied: list[bool]  # per server
+    staleness: list[int]
+    weight: list[float]
+    value_staleness: list[float]
+    held_s: float  # longest time a server held the reply (sync, ssp)
+    round_trip_s: float
+    bytes_sent: int
+    bytes_recv: int
+
+
+class Client:
+    def __init__(self, rank: int, server_ranks: tuple[int, ...], layout: Layout, values: torch.Tensor,
+                 grads: torch.Tensor, timeout: float, sample_fraction: Optional[float] = None, sample_seed: int = 0):
+        self.rank, self.servers, self.layout = rank, server_ranks, layout
+        self.values, self.grads, self.timeout = values, grads, timeout
+        self.versions = [0] * len(server_ranks)
+        self.ranges = [layout.shard_range(s) for s in range(len(server_ranks))]
+        self.sample_pos = ([torch.cat(layout.sample_positions(s, sample_fraction, seed=sample_seed))
+                            for s in range(len(server_ranks))] if sample_fraction is not None else None)
+
+    def _wait(self, works: list[tuple[object, str, int]]) -> None:
+        for work, what, server in works:
+            try:
+                work.wait(timeout=timedelta(seconds=self.timeout))
+            except RuntimeError as e:
+                raise CommTimeout(f"rank {self.rank}: {what} with server rank {server} failed after up to "
+                                  f"{self.timeout:g}s: {str(e).splitlines()[0]}") from None
+
+    def _replies(self, op: str) -> list[wire.Header]:
+        raws = [wire.empty_header() for _ in self.servers]
+        self._wait([(dist.irecv(r, src=srv, tag=wire.TAG_REPLY), f"waiting for the {op} reply", srv)
+                    for r, srv in zip(raws, self.servers)])
+        heads = [wire.Header.decode(r) for r in raws]
+        for h, srv in zip(heads, self.servers):
+            if h.status == wire.REFUSED:
+                raise ProtocolError(f"server rank {srv} refused this worker's {op} (see its log and ranks/rank{srv}.jsonl)")
+        return heads
+
+    def _receive_values(self, heads: list[wire.Header]) -> None:
+        works = []
+        for s, (h, srv) in enumerate(zip(heads, self.servers)):
+            lo, hi = self.ranges[s]
+            works.append((dist.irecv(self.values[lo:hi], src=srv, tag=wire.TAG_VALUES), "receiving values", srv))
+            self.versions[s] = h.version
+        self._wait(works)
+
+    def pull(self) -> None:
+        fp = self.layout.fingerprint
+        works = [(dist.isend(wire.Header(wire.OP_PULL, self.rank, s, fingerprint=fp).encode(), dst=srv,
+                             tag=wire.TAG_HEADER), "sending a pull", srv) for s, srv in enumerate(self.servers)]
+        self._wait(works)
+        self._receive_values(self._replies("pull"))
+
+    def push_pull(self, lr: float, step: int) -> PushResult:
+        t0 = time.perf_counter()
+        fp = self.layout.fingerprint
+        works, sent = [], 0
+        for s, srv in enumerate(self.servers):
+            lo, hi = self.ranges[s]
+            sample = self.values[lo:hi][self.sample_pos[s]] if self.sample_pos is not None else None
+            h = wire.Header(wire.OP_PUSHPULL, self.rank, s, version=self.versions[s], payload=hi - lo,
+                            sample=0 if sample is None else sample.numel(), fingerprint=fp, lr=lr, step=step)
+            works.append((dist.isend(h.encode(), dst=srv, tag=wire.TAG_HEADER), "sending a push header", srv))
+            works.append((dist.isend(self.grads[lo:hi], dst=srv, tag=wire.TAG_PAYLOAD), "sending a gradient", srv))
+            sent += (hi - lo) * self.grads.element_size()
+            if sample is not None:
+                works.append((dist.isend(sample, dst=srv, tag=wire.TAG_SAMPLE), "sending a value sample", srv))
+                sent += sample.numel() * sample.element_size()
+        self._wait(works)
+        heads = self._replies("push")
+        self._receive_values(heads)
+        recv = sum(hi - lo for lo, hi in self.ranges) * self.values.element_size()
+        return PushResult(
+            applied=[h.status == wire.APPLIED for h in heads], staleness=[h.staleness for h in heads],
+            weight=[h.weight for h in heads], value_staleness=[h.value_staleness for h in heads],
+            held_s=max(h.held_us for h in heads) / 1e6, round_trip_s=time.perf_counter() - t0,
+            bytes_sent=sent, bytes_recv=recv,
+        )
+
+    def stop(self) -> None:
+        fp = self.layout.fingerprint
+        self._wait([(dist.isend(wire.Header(wire.OP_STOP, self.rank, s, fingerprint=fp).encode(), dst=srv,
+                                tag=wire.TAG_HEADER), "sending stop", srv) for s, srv in enumerate(self.servers)])
+        self._replies("stop")

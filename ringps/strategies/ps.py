@@ -1,0 +1,126 @@
+"""The parameter-server strategies: ps-sync, ps-async, ps-threshold, ps-ssp, ps-stale-lr,
+ps-dcasgd, ps-vsgd. One class; the policy (ringps/ps/policies.py) is the difference.
+
+Workers are ranks 0..W-1, servers the last S ranks of the job. A worker step: forward, (the
+--slowdown stretch), backward into the flat gradient buffer, one push-and-pull round trip to
+every server, whose reply values land straight in the model's parameters. Worker 0 evaluates.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ringps.ps import POLICIES
+from ringps.ps.client import Client
+from ringps.ps.layout import Layout, flatten_into
+from ringps.ps.server import Server
+from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
+from ringps.train.metrics import Recorder
+
+
+class ParameterServer(Strategy):
+    policy_name = "async"
+    needs_servers = True
+    collective_eval = False
+    synchronous = False
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.policy = POLICIES.build(self.policy_name, cfg)
+        self._stats: dict[str, Any] = {}
+        self.client: Client | None = None
+
+    def layout(self, model: nn.Module, ctx: WorkerContext) -> Layout:
+        return Layout.of(model, servers=len(ctx.server_ranks), slice_size=self.cfg.ps.slice_size)
+
+    # -- worker side ------------------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: WorkerContext) -> None:
+        super().setup(model, optimizer, ctx)
+        layout = self.layout(model, ctx)
+        self.values, self.grads = flatten_into(model, layout)
+        fraction = self.cfg.ps.vsgd_sample if self.policy.needs_sample else None
+        self.client = Client(ctx.rank, ctx.server_ranks, layout, self.values, self.grads, ctx.timeout,
+                             sample_fraction=fraction, sample_seed=self.cfg.run.seed)
+        self.client.pull()
+        self.steps = 0
+
+    def step(self, batch) -> StepStats:
+        t0 = time.perf_counter()
+        self.grads.zero_()
+        loss = loss_of(self.model, batch, self.ctx.device)
+        t1 = time.perf_counter()
+        pause = self.ctx.stretch(t1 - t0)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2)
+        ready = time.time()
+        self.steps += 1
+        res = self.client.push_pull(self.optimizer.param_groups[0]["lr"], self.steps)
+        return StepStats(
+            loss=loss.item(), compute_s=(t1 - t0) + pause + (t3 - t2), exposed_s=res.round_trip_s, wait_s=res.held_s,
+            payload_sent=res.bytes_sent, payload_recv=res.bytes_recv, t_ready=ready, applied=all(res.applied),
+            extra={"staleness": max(res.staleness), "value_staleness": max(res.value_staleness),
+                   "weight": min(res.weight)},
+        )
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.stop()
+
+    # -- server side ----------------------------------------------------------------------
+    def serve(self, ctx: WorkerContext, model: nn.Module) -> None:
+        layout = self.layout(model, ctx)
+        index = ctx.server_ranks.index(ctx.rank)
+        lo, hi = layout.shard_range(index)
+        flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        t = self.cfg.train
+        server = Server(
+            ctx.rank, index, list(ctx.worker_ranks), layout, self.policy, flat[lo:hi],
+            momentum=t.momentum if t.optimizer == "sgd" else 0.0, weight_decay=t.weight_decay, timeout=ctx.timeout,
+            recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=self.cfg.ps.ps_checkpoint_every,
+            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed,
+        )
+        if t.resume:
+            server.load_checkpoint(Path(t.resume))
+        server.serve()
+        self._stats = server.stats()
+
+    def summary(self) -> dict[str, Any]:
+        return self._stats
+
+    @classmethod
+    def merge_summary(cls, stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        servers = [s for s in stats.values() if "pushes_applied" in s]
+        if not servers:
+            return {}
+        hist: dict[int, int] = {}
+        for s in servers:
+            for k, v in s["staleness_histogram"].items():
+                hist[int(k)] = hist.get(int(k), 0) + v
+        return {
+            "pushes_applied": sum(s["pushes_applied"] for s in servers),
+            "pushes_dropped": sum(s["pushes_dropped"] for s in servers),
+            "pushes_refused": sum(s["pushes_refused"] for s in servers),
+            "max_applied_staleness": max(s["max_applied_staleness"] for s in servers),
+            "staleness_histogram": dict(sorted(hist.items())),
+            "pushes_per_s": {str(s["server"]): s["pushes_per_s"] for s in servers},
+            "policy": cls.policy_name,
+        }
+
+
+def _register(name: str, policy: str, synchronous: bool = False) -> None:
+    cls = type(f"PS_{policy.replace('-', '_')}", (ParameterServer,),
+               {"policy_name": policy, "synchronous": synchronous, "__doc__": f"parameter server, policy {policy}"})
+    STRATEGIES.register(name)(cls)
+
+
+for _name, _policy in [("ps-async", "async"), ("ps-threshold", "threshold"), ("ps-ssp", "ssp"),
+                       ("ps-stale-lr", "stale-lr"), ("ps-dcasgd", "dcasgd"), ("ps-vsgd", "vsgd")]:
+    _register(_name, _policy)
+_register("ps-sync", "sync", synchronous=True)

@@ -1,0 +1,161 @@
+"""Parameter servers with real processes: the wire refuses bad messages and changes nothing,
+ps-sync == DDP, a dead worker (async carries on, sync stops), sample agreement, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from conftest import run_ranks
+from helpers import config
+
+pytestmark = pytest.mark.slow
+TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--synthetic-shape", "1,8,8", "--model", "mlp",
+        "--batch-size", "16", "--no-progress", "--timeout", "30"]
+
+
+def ringps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ringps", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def rogue(rank, world):
+    """Rank 0 serves; rank 1 sends good and bad messages and reads the answers."""
+    from ringps.ps import POLICIES, wire
+    from ringps.ps.layout import Layout
+    from ringps.ps.server import Server
+
+    torch.manual_seed(0)
+    model = nn.Linear(10, 10)
+    layout = Layout.of(model, servers=1)
+    init = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    n = layout.shard_numel(0)
+    if rank == 0:
+        server = Server(0, 0, [1], layout, POLICIES.build("async", config()), init, 0.0, 0.0, timeout=20.0)
+        server.serve()
+        return server.shard.values, server.shard.version, server.refused, dict(server.failed), init
+
+    def request(h: "wire.Header", payload=None) -> "wire.Header":
+        dist.send(h.encode() if isinstance(h, wire.Header) else h, dst=0, tag=wire.TAG_HEADER)
+        if payload is not None:
+            dist.send(payload, dst=0, tag=wire.TAG_PAYLOAD)
+        raw = wire.empty_header()
+        dist.recv(raw, src=0, tag=wire.TAG_REPLY)
+        reply = wire.Header.decode(raw)
+        if reply.status in (wire.APPLIED, wire.DROPPED) or (reply.op == wire.OP_REPLY and reply.payload and reply.status == 0):
+            values = torch.empty(n)
+            dist.recv(values, src=0, tag=wire.TAG_VALUES)
+        return reply
+
+    fp = layout.fingerprint
+    statuses = []
+    good = dict(op=wire.OP_PUSHPULL, sender=1, shard=0, version=0, payload=n, fingerprint=fp, lr=0.1)
+    statuses.append(request(wire.Header(**{**good, "fingerprint": fp + 1}), torch.ones(n)).status)  # drained
+    statuses.append(request(wire.Header(**{**good, "lr": -1.0}), torch.ones(n)).status)  # drained
+    statuses.append(request(wire.Header(**good), torch.ones(n)).status)  # applied: version 1
+    bad = wire.Header(**good).encode()
+    bad[5] = 10**12  # an oversized payload with a forged checksum: refused, and the peer is cut off
+    bad[15] = wire.checksum(bad.tolist())
+    statuses.append(request(bad).status)
+    return statuses
+
+
+def test_malformed_messages_are_refused_and_change_nothing():
+    from ringps.ps import wire
+
+    (values, version, refused, failed, init), statuses = run_ranks(rogue, 2)
+    assert statuses == [wire.REFUSED, wire.REFUSED, wire.APPLIED, wire.REFUSED]
+    assert version == 1 and refused == 3
+    assert torch.allclose(values, init - 0.1)  # exactly the one good push, nothing of the bad ones
+    assert "protocol violation" in failed[1]
+
+
+def samples(rank, world):
+    from ringps.models import build_model
+    from ringps.ps.layout import Layout
+
+    torch.manual_seed(rank)  # different global RNG state on each rank must not matter
+    model = build_model("facenet", (1, 112, 92), 40)
+    layout = Layout.of(model, servers=2)
+    return [torch.cat(layout.sample_positions(s, 0.01)) for s in range(2)], layout.fingerprint
+
+
+def test_server_and_worker_agree_on_vsgd_sample_coordinates():
+    (a, fa), (b, fb) = run_ranks(samples, 2)
+    assert fa == fb
+    for x, y in zip(a, b):
+        assert torch.equal(x, y) and x.numel() > 1000
+
+
+def test_ps_sync_equals_ddp(tmp_path):
+    common = [*TINY, "--workers", "2", "--steps", "6", "--checkpoint-every", "6", "--lr", "0.05"]
+    for s in ("ps-sync", "allreduce"):
+        r = ringps("train", *common, "--strategy", s, "--out", str(tmp_path / s))
+        assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        a = torch.load(tmp_path / "ps-sync" / "checkpoints" / "step6" / f"rank{rank}.pt", weights_only=False)["model"]
+        b = torch.load(tmp_path / "allreduce" / "checkpoints" / "step6" / f"rank{rank}.pt", weights_only=False)["model"]
+        for k in b:
+            assert torch.allclose(a[k], b[k], atol=1e-5), k
+    s = json.loads((tmp_path / "ps-sync" / "summary.json").read_text())
+    assert s["pushes_applied"] == 12 and s["max_applied_staleness"] == 0 and s["staleness_histogram"] == {"0": 12}
+
+
+def _start(tmp_path: Path, strategy: str, workers: int = 3):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "ringps", "train", *TINY, "--strategy", strategy, "--workers", str(workers),
+                          "--epochs", "40", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    f = out / "ranks" / "rank2.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if f.is_file():
+            rows = [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
+            if sum(r["kind"] == "step" for r in rows) >= 3:
+                return p, out, next(r["pid"] for r in rows if r["kind"] == "start")
+        time.sleep(0.2)
+    p.kill()
+    pytest.fail("the job never got going")
+
+
+def test_killing_a_worker_in_ps_async_lets_the_job_finish(tmp_path):
+    p, out, pid = _start(tmp_path, "ps-async")
+    os.kill(pid, signal.SIGKILL)
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert "2" in s["failed_workers"] and "killed by signal SIGKILL" in s["failed_workers"]["2"]
+    total = 40 * (256 // (3 * 16) + 1)
+    assert s["per_worker"]["0"]["steps"] == s["per_worker"]["1"]["steps"] >= 40 * 5
+    assert s["per_worker"]["2"]["steps"] < s["per_worker"]["0"]["steps"]
+    assert "carry on" in err
+
+
+def test_killing_a_worker_in_ps_sync_stops_the_job(tmp_path):
+    p, out, pid = _start(tmp_path, "ps-sync")
+    os.kill(pid, signal.SIGKILL)
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 1
+    assert "rank 2: killed by signal SIGKILL" in err.strip().splitlines()[-1]
+
+
+def test_server_checkpoint_resumes_with_the_same_versions(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = ringps("train", *TINY, "--strategy", "ps-async", "--workers", "2", "--steps", "9", "--ps-checkpoint-every", "4",
+               "--out", str(a))
+    assert r.returncode == 0, r.stderr
+    saved = torch.load(a / "checkpoints" / "server0" / "latest.pt", weights_only=False)
+    assert saved["version"] == 16  # 18 pushes, a checkpoint every 4 versions
+    r = ringps("train", *TINY, "--strategy", "ps-async", "--workers", "2", "--steps", "3", "--resume", str(a),
+               "--out", str(b))
+    assert r.returncode == 0, r.stderr
+    pushes = [json.loads(l) for l in (b / "ranks" / "rank2.jsonl").read_text().splitlines() if '"push"' in l]
+    assert min(p["version"] for p in pushes) == 17 and max(p["version"] for p in pushes) == 22

@@ -1,0 +1,182 @@
+"""Parameter-server policies on a real Server object, driven push by push (no timing involved):
+threshold's bound, threshold(T large) == async, sync == the averaged SGD step, VSGD's weight,
+DC-ASGD's compensation, and the wire header's validation."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+from helpers import config
+from ringps.ps import POLICIES, wire
+from ringps.ps.layout import Layout
+from ringps.ps.policies import VSGD
+from ringps.ps.server import Server
+
+
+def make_server(policy: str, workers=(1, 2, 3), momentum=0.9, wd=0.0, **ps):
+    cfg = config(**ps)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 30), nn.Linear(30, 5))
+    layout = Layout.of(model, servers=1)
+    init = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    return Server(0, 0, list(workers), layout, POLICIES.build(policy, cfg), init, momentum, wd, timeout=10.0), layout
+
+
+def push(server: Server, worker: int, version: int, grad: torch.Tensor, lr=0.1, sample=None):
+    h = wire.Header(wire.OP_PUSHPULL, worker, 0, version=version, payload=grad.numel(), lr=lr)
+    return server.push(worker, h, grad.clone(), sample)
+
+
+def script(n: int, pushes: int = 40, seed: int = 0):
+    """(worker, staleness-to-ask-for, gradient) triples: some fresh, some very stale."""
+    g = torch.Generator().manual_seed(seed)
+    return [(1 + i % 3, int(torch.randint(0, 8, (1,), generator=g)), torch.randn(n, generator=g)) for i in range(pushes)]
+
+
+def replay(policy: str, steps, **ps) -> tuple[Server, list[tuple[int, int]]]:
+    server, _ = make_server(policy, **ps)
+    seen = []
+    for worker, lag, grad in steps:
+        version = max(0, server.shard.version - lag)
+        status, _, _ = push(server, worker, version, grad)
+        seen.append((server.shard.version - version if status == wire.DROPPED else lag, status))
+    return server, seen
+
+
+def test_threshold_never_applies_a_push_staler_than_T():
+    server, _ = make_server("threshold", staleness_threshold=2)
+    steps = script(server.n)
+    applied_staleness = []
+    for worker, lag, grad in steps:
+        version = max(0, server.shard.version - lag)
+        staleness = server.shard.version - version
+        status, _, _ = push(server, worker, version, grad)
+        if status == wire.APPLIED:
+            applied_staleness.append(staleness)
+        else:
+            assert staleness > 2
+    assert max(applied_staleness) <= 2 and server.max_applied_staleness <= 2
+    assert server.dropped > 0 and server.applied == len(applied_staleness)
+
+
+def test_threshold_with_large_T_equals_async():
+    steps = script(make_server("async")[0].n)
+    a, _ = replay("async", steps)
+    t, _ = replay("threshold", steps, staleness_threshold=10**6)
+    assert torch.equal(a.shard.values, t.shard.values) and a.shard.version == t.shard.version == len(steps)
+    assert t.dropped == 0
+
+
+def test_stale_lr_divides_the_learning_rate():
+    s, _ = make_server("stale-lr", momentum=0.0)
+    ref = s.shard.values.clone()
+    for _ in range(4):  # advance the version to 4
+        push(s, 1, s.shard.version, torch.zeros(s.n))
+    g = torch.randn(s.n)
+    push(s, 2, 0, g, lr=0.1)  # staleness 4 -> lr 0.025
+    assert torch.allclose(s.shard.values, ref - 0.025 * g, atol=1e-6)
+
+
+def test_sync_equals_the_averaged_sgd_step():
+    """Three workers push concurrently; the result is torch.optim.SGD's step on their mean."""
+    server, _ = make_server("sync", momentum=0.9, wd=1e-3)
+    p = nn.Parameter(server.shard.values.clone())
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=1e-3)
+    for round_ in range(3):
+        grads = [torch.randn(server.n, generator=torch.Generator().manual_seed(10 * round_ + w)) for w in (1, 2, 3)]
+        threads = [threading.Thread(target=push, args=(server, w, round_, g)) for w, g in zip((1, 2, 3), grads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        p.grad = torch.stack(grads).mean(0)
+        opt.step()
+        assert server.shard.version == round_ + 1
+    assert torch.allclose(server.shard.values, p.detach(), atol=1e-6)
+    assert server.applied == 9 and server.histogram[0] == 9
+
+
+def test_vsgd_weight_is_one_at_zero_distance_and_falls():
+    cfg = config(vsgd_weight="inverse:0.01")
+    policy = POLICIES.build("vsgd", cfg)
+    w = torch.randn(1000)
+    pos = [torch.arange(0, 500, 7), torch.arange(500, 1000, 5)]
+    pulled = torch.cat([w[p] for p in pos])
+    d0 = policy.distances(w, pos, pulled)
+    assert d0 == [0.0, 0.0] and policy.weights(d0) == [1.0, 1.0]
+    last = [1.0, 1.0]
+    for eps in (1e-4, 1e-3, 1e-2, 1e-1):
+        moved = w + eps * torch.randn(1000, generator=torch.Generator().manual_seed(1))
+        weights = policy.weights(policy.distances(moved, pos, pulled))
+        assert all(a < b for a, b in zip(weights, last))
+        last = weights
+    for name in ("exp", "inverse", "linear"):
+        f = POLICIES.build("vsgd", config(vsgd_weight=f"{name}:0.05"))
+        ws = f.weights([0.0, 0.01, 0.02, 0.04])
+        assert ws[0] == 1.0 and ws == sorted(ws, reverse=True)
+
+
+def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
+    server, layout = make_server("vsgd", vsgd_drop=0.5, vsgd_weight="linear:1.0", momentum=0.0)
+    pos = server.sample_pos
+    assert len(pos) == 4 and all(p.numel() >= min(64, piece.numel) for p, piece in zip(pos, server.pieces))
+    fresh = torch.cat([server.shard.values[p] for p in pos])
+    before = server.shard.values.clone()
+    status, verdict, _ = push(server, 1, 0, torch.ones(server.n), lr=1.0, sample=fresh)
+    assert status == wire.APPLIED and verdict.weight == 1.0
+    assert torch.allclose(server.shard.values, before - 1.0, atol=1e-6)
+    far = fresh + 10.0  # values the server never had: distance far beyond 0.5
+    status, verdict, _ = push(server, 2, 0, torch.ones(server.n), sample=far)
+    assert status == wire.DROPPED and server.dropped == 1
+
+
+def test_dcasgd_compensates_with_the_values_sent_to_that_worker():
+    server, _ = make_server("dcasgd", momentum=0.0, dcasgd_lambda=0.5)
+    server.snapshot[1].copy_(server.shard.values)
+    server.sent_once.add(1)
+    push(server, 2, 0, torch.ones(server.n), lr=0.1)  # moves the values by -0.1
+    w_before = server.shard.values.clone()
+    g = torch.full((server.n,), 2.0)
+    push(server, 1, 0, g, lr=0.1)
+    # g + 0.5 * g * g * (w_now - w_pulled) = 2 + 0.5 * 4 * (-0.1) = 1.8
+    assert torch.allclose(server.shard.values, w_before - 0.1 * 1.8, atol=1e-5)
+
+
+def good_fields(layout: Layout, **kw) -> wire.Header:
+    h = wire.Header(wire.OP_PUSHPULL, 1, 0, version=0, payload=layout.shard_numel(0), fingerprint=layout.fingerprint, lr=0.1)
+    for k, v in kw.items():
+        setattr(h, k, v)
+    return h
+
+
+@pytest.mark.parametrize("change, reason, drainable", [
+    ({}, None, True),
+    ({"fingerprint": 123}, "fingerprint", True),
+    ({"payload": 10**9}, "at most", False),
+    ({"payload": 7}, "exactly", True),
+    ({"version": 5}, "version 5 outside", True),
+    ({"lr": float("nan")}, "learning rate", True),
+    ({"sender": 2}, "sender field", True),
+    ({"op": 99}, "unknown op", False),
+])
+def test_header_validation(change, reason, drainable):
+    server, layout = make_server("async")
+    h = good_fields(layout, **change)
+    exp = wire.Expect(1, 0, layout.fingerprint, layout.shard_numel(0), 0, 0)
+    _, why, drain = wire.validate(h.encode(), exp)
+    assert (why is None) == (reason is None) and (reason is None or reason in why)
+    assert drain == drainable
+
+
+def test_corrupted_header_fails_the_checksum():
+    _, layout = make_server("async")
+    raw = good_fields(layout).encode()
+    raw[4] += 1  # flip the version without fixing the checksum
+    exp = wire.Expect(1, 0, layout.fingerprint, layout.shard_numel(0), 0, 10)
+    assert wire.validate(raw, exp)[1] == "header checksum mismatch"
+    raw[0] = 42
+    assert "bad magic" in wire.validate(raw, exp)[1]
