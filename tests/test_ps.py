@@ -133,9 +133,11 @@ def test_killing_a_worker_in_ps_async_lets_the_job_finish(tmp_path):
     assert p.returncode == 0, err
     s = json.loads((out / "summary.json").read_text())
     assert "2" in s["failed_workers"] and "killed by signal SIGKILL" in s["failed_workers"]["2"]
-    total = 40 * (256 // (3 * 16) + 1)
-    assert s["per_worker"]["0"]["steps"] == s["per_worker"]["1"]["steps"] >= 40 * 5
-    assert s["per_worker"]["2"]["steps"] < s["per_worker"]["0"]["steps"]
+    # the two live workers did the dead one's share of the budget (40 epochs x 6 steps x 3 workers)
+    steps = {w: s["per_worker"][w]["steps"] for w in ("0", "1", "2")}
+    assert steps["0"] + steps["1"] + steps["2"] >= 40 * 6 * 3
+    assert steps["2"] < 40 * 6 < steps["0"]
+    assert s["pushes_applied"] >= 40 * 6 * 3
     assert "carry on" in err
 
 
@@ -158,4 +160,5 @@ def test_server_checkpoint_resumes_with_the_same_versions(tmp_path):
                "--out", str(b))
     assert r.returncode == 0, r.stderr
     pushes = [json.loads(l) for l in (b / "ranks" / "rank2.jsonl").read_text().splitlines() if '"push"' in l]
-    assert min(p["version"] for p in pushes) == 17 and max(p["version"] for p in pushes) == 22
+    # the first push lands on version 17; 6 pushes of budget, plus at most one already in flight
+    assert min(p["version"] for p in pushes) == 17 and 22 <= max(p["version"] for p in pushes) <= 23

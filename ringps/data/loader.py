@@ -34,6 +34,11 @@ def normaliser(images: torch.Tensor) -> tuple[float, float]:
     return x.mean().item(), max(x.std().item(), 1e-3)
 
 
+def steps_per_epoch(n: int, workers: int, batch_size: int) -> int:
+    """Batches per worker per epoch; the smallest shard decides, so no batch is ever empty."""
+    return max(1, min(math.ceil(n / (workers * batch_size)), n // workers))
+
+
 class ShardedLoader:
     """Iterate `for batch in loader.epoch(e)`; `len(loader)` is steps per epoch on every worker."""
 
@@ -53,9 +58,7 @@ class ShardedLoader:
         self.split, self.worker, self.workers = split, worker, workers
         self.batch_size, self.seed, self.augment = batch_size, seed, augment
         self.mean, self.std = stats or normaliser(split.images)
-        # the smallest shard decides, so no worker ever gets an empty batch
-        self.steps_per_epoch = max(1, math.ceil(n / (workers * batch_size)))
-        self.steps_per_epoch = min(self.steps_per_epoch, n // workers)
+        self.steps_per_epoch = steps_per_epoch(n, workers, batch_size)
 
     def __len__(self) -> int:
         return self.steps_per_epoch

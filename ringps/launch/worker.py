@@ -27,6 +27,7 @@ import yaml
 
 from ringps.config import Config, validate
 from ringps.data import load_dataset
+from ringps.data.loader import steps_per_epoch
 from ringps.errors import RingpsError
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES, WorkerContext
@@ -92,6 +93,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
             device=device, backend=backend, timeout=cfg.run.timeout, cfg=cfg, out_dir=run_dir,
             stretch=Stretch(slow), server_ranks=server_ranks, worker_ranks=worker_ranks,
         )
+        ctx.steps_per_epoch = steps_per_epoch(len(data.train.labels), len(worker_ranks), cfg.data.batch_size)
         torch.manual_seed(cfg.run.seed * 1000 + rank)  # per-rank randomness (dropout) from here on
         strategy = STRATEGIES.build(cfg.strategy.strategy, cfg)
         if is_worker:

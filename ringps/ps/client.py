@@ -30,6 +30,7 @@ class PushResult:
     round_trip_s: float
     bytes_sent: int
     bytes_recv: int
+    global_pushes: int  # pushes the servers have handled, all workers together
 
 
 class Client:
@@ -98,7 +99,7 @@ class Client:
             applied=[h.status == wire.APPLIED for h in heads], staleness=[h.staleness for h in heads],
             weight=[h.weight for h in heads], value_staleness=[h.value_staleness for h in heads],
             held_s=max(h.held_us for h in heads) / 1e6, round_trip_s=time.perf_counter() - t0,
-            bytes_sent=sent, bytes_recv=recv,
+            bytes_sent=sent, bytes_recv=recv, global_pushes=max(h.step for h in heads),
         )
 
     def stop(self) -> None:

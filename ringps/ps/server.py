@@ -39,7 +39,7 @@ class Server:
     def __init__(self, rank: int, index: int, workers: list[int], layout: Layout, policy: Policy,
                  initial: torch.Tensor, momentum: float, weight_decay: float, timeout: float,
                  recorder: Optional[Recorder] = None, checkpoint_every: int = 0, out_dir: Optional[Path] = None,
-                 sample_seed: int = 0):
+                 sample_seed: int = 0, budget: int = 0):
         self.rank, self.index, self.workers = rank, index, list(workers)
         self.layout, self.policy, self.timeout = layout, policy, timeout
         self.mu, self.wd = momentum, weight_decay
@@ -49,6 +49,7 @@ class Server:
         self.sample_pos = layout.sample_positions(index, policy.fraction, seed=sample_seed) if policy.needs_sample else []
         self.sample_n = sum(p.numel() for p in self.sample_pos)
         self.recorder, self.checkpoint_every, self.out_dir = recorder, checkpoint_every, out_dir
+        self.budget = budget  # total pushes the job may make (0: no limit); replies carry the count
         self._write = threading.Lock()
         # per-worker state
         self.snapshot = {w: torch.empty_like(self.shard.values) for w in workers}  # reply buffers (DC-ASGD backups)
@@ -211,6 +212,7 @@ class Server:
                 status, verdict, held = self.push(worker, h, grad, sample)
                 reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=self.shard.version, payload=self.n,
                                     status=status, staleness=staleness, weight=verdict.weight,
+                                    step=self.applied + self.dropped,
                                     held_us=int(held * 1e6), value_staleness=verdict.value_staleness)
                 self._reply(worker, reply, self.snapshot[worker])
         except WorkerFailed:

@@ -127,8 +127,8 @@ def validate(raw: torch.Tensor, exp: Expect) -> tuple[Optional[Header], Optional
             return h, f"payload {h.payload}+{h.sample} entries, expected exactly {exp.payload}+{exp.sample}", drainable
         if not 0 <= h.version <= exp.version:
             return h, f"version {h.version} outside 0..{exp.version}", drainable
-        if not (math.isfinite(h.lr) and 0 < h.lr <= 100):
-            return h, f"learning rate {h.lr} not in (0, 100]", drainable
+        if not (math.isfinite(h.lr) and 0 <= h.lr <= 100):  # 0 at the very end of a cosine schedule
+            return h, f"learning rate {h.lr} not in [0, 100]", drainable
     elif h.payload or h.sample:
         return h, f"{OPS[h.op]} carries no payload, header says {h.payload}+{h.sample}", False
     return h, None, drainable

@@ -82,6 +82,7 @@ class Strategy:
     synchronous: bool = True  # every worker takes part in every step's communication
     collective_eval: bool = True  # all workers evaluate a part of the test split together
     needs_servers: bool = False  # the launcher starts cfg.run.servers extra ranks
+    budgeted: bool = False  # the job's work is a global budget of steps shared by all workers
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -91,6 +92,14 @@ class Strategy:
 
     def step(self, batch) -> StepStats:
         raise NotImplementedError
+
+    def progress(self) -> Optional[int]:
+        """Global steps done so far, when workers do not move in lockstep (drives the LR schedule)."""
+        return None
+
+    def finished(self) -> bool:
+        """With `budgeted`: True once the global budget of steps is used up."""
+        return False
 
     def eval_model(self) -> nn.Module:
         """The module to evaluate (the bare model, never a DDP wrapper)."""

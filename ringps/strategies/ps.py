@@ -24,10 +24,15 @@ from ringps.train.metrics import Recorder
 
 
 class ParameterServer(Strategy):
+    """Asynchronous policies share one budget of pushes (epochs x steps per epoch x workers):
+    a fast worker does more than its share, a dead worker's share is done by the others, and
+    the LR schedule follows the global count."""
+
     policy_name = "async"
     needs_servers = True
     collective_eval = False
     synchronous = False
+    budgeted = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -48,6 +53,18 @@ class ParameterServer(Strategy):
                              sample_fraction=fraction, sample_seed=self.cfg.run.seed)
         self.client.pull()
         self.steps = 0
+        self.global_pushes = 0
+        self.budget = self.total_pushes(ctx)
+
+    def total_pushes(self, ctx: WorkerContext) -> int:
+        t = self.cfg.train
+        return (t.steps or t.epochs * ctx.steps_per_epoch) * ctx.workers
+
+    def progress(self):
+        return self.global_pushes // self.ctx.workers if self.budgeted else None
+
+    def finished(self) -> bool:
+        return self.global_pushes >= self.budget
 
     def step(self, batch) -> StepStats:
         t0 = time.perf_counter()
@@ -62,6 +79,7 @@ class ParameterServer(Strategy):
         ready = time.time()
         self.steps += 1
         res = self.client.push_pull(self.optimizer.param_groups[0]["lr"], self.steps)
+        self.global_pushes = res.global_pushes
         return StepStats(
             loss=loss.item(), compute_s=(t1 - t0) + pause + (t3 - t2), exposed_s=res.round_trip_s, wait_s=res.held_s,
             payload_sent=res.bytes_sent, payload_recv=res.bytes_recv, t_ready=ready, applied=all(res.applied),
@@ -84,7 +102,7 @@ class ParameterServer(Strategy):
             ctx.rank, index, list(ctx.worker_ranks), layout, self.policy, flat[lo:hi],
             momentum=t.momentum if t.optimizer == "sgd" else 0.0, weight_decay=t.weight_decay, timeout=ctx.timeout,
             recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=self.cfg.ps.ps_checkpoint_every,
-            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed,
+            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed, budget=self.total_pushes(ctx),
         )
         if t.resume:
             server.load_checkpoint(Path(t.resume))
@@ -116,7 +134,8 @@ class ParameterServer(Strategy):
 
 def _register(name: str, policy: str, synchronous: bool = False) -> None:
     cls = type(f"PS_{policy.replace('-', '_')}", (ParameterServer,),
-               {"policy_name": policy, "synchronous": synchronous, "__doc__": f"parameter server, policy {policy}"})
+               {"policy_name": policy, "synchronous": synchronous, "budgeted": not synchronous,
+                "__doc__": f"parameter server, policy {policy}"})
     STRATEGIES.register(name)(cls)
 
 

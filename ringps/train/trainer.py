@@ -124,12 +124,16 @@ class Trainer:
                             steps_per_epoch=len(self.loader), wall=time.time())
         clock = Clock(self.clock_offset)
         stop = False
-        while self.step < self.total_steps and not stop:
+        budgeted = self.strategy.budgeted
+        cap = self.total_steps * (20 if budgeted else 1)  # a budgeted worker may do more than its share
+        while self.step < cap and not stop:
             epoch, skip = divmod(self.step, len(self.loader))
             for i, batch in enumerate(self.loader.epoch(epoch)):
                 if i < skip:
                     continue  # resuming mid-epoch
-                lr = peak * lr_factor(self.step, self.total_steps, self.warmup, cfg.train.lr_schedule)
+                progress = self.strategy.progress()
+                at = self.step if progress is None else progress
+                lr = peak * lr_factor(at, self.total_steps, self.warmup, cfg.train.lr_schedule)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
                 self.where = f"step {self.step + 1}"
@@ -144,12 +148,14 @@ class Trainer:
                     payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
                     **stats.extra,
                 )
-                last = self.step >= self.total_steps
+                last = self.strategy.finished() if budgeted else self.step >= self.total_steps
+                last = last or self.step >= cap
                 if evaluator and (self.step % self.eval_every == 0 or last):
                     stop = self.evaluate(clock, epoch) or stop
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                     checkpoint.save(ctx.out_dir, self.step, ctx.rank, self.state_dict(clock.now()))
                 if last or stop:
+                    stop = True
                     break
         self.recorder.write("end", worker=ctx.worker, step=self.step, t=clock.now(), wall=time.time())
         self.strategy.close()
