@@ -150,6 +150,8 @@ class StrategyConfig(Section):
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB")
     powersgd_rank: int = Field(4, ge=1, description="powersgd: matrix approximation rank")
     powersgd_start_iter: int = Field(10, ge=2, description="powersgd: plain all-reduce for the first N steps")
+    layer_strategy: Literal["off", "auto"] = Field(
+        "off", description="auto: per-layer methods, wait-free pushes, priority pulls (ps-async/threshold/stale-lr, ring-topk)")
 
 
 class CompressConfig(Section):

@@ -27,6 +27,7 @@ class CostParams:
     scatter_s: float = 20e-9  # per sparse entry scattered into a dense buffer
     pass_s: float = 1e-9  # per element of a dense memory pass (zero, copy, add, norms)
     reduce_s: float = 1e-9  # per element a collective sums on the CPU
+    flop_s: float = 1e-10  # per multiply-add of a matrix product (sufficient factors)
     cpu_share: float = 1.0  # fraction of communication-thread CPU time that delays the step
 
     def as_dict(self) -> dict:
@@ -113,7 +114,9 @@ def calibrate_cpu(n: int = 1 << 21, density: float = 0.01) -> dict[str, float]:
     sel = SampledThreshold()
     chosen = sel.select(g, k)
     out = torch.zeros(n)
+    a, b = torch.randn(16, 1024), torch.randn(16, 2048)
     return {
+        "flop_s": _time(lambda: a.t() @ b) / (16 * 1024 * 2048),
         "select_s": _time(lambda: sel.select(g, k)) / n,
         "scatter_s": _time(lambda: out.index_add_(0, chosen.indices, chosen.values)) / max(1, chosen.indices.numel()),
         "pass_s": _time(lambda: out.zero_().add_(g)) / (2 * n),

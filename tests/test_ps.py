@@ -64,7 +64,7 @@ def rogue(rank, world):
     statuses.append(request(wire.Header(**good), torch.ones(n)).status)  # applied: version 1
     bad = wire.Header(**good).encode()
     bad[5] = 10**12  # an oversized payload with a forged checksum: refused, and the peer is cut off
-    bad[15] = wire.checksum(bad.tolist())
+    bad[wire.FIELDS - 1] = wire.checksum(bad.tolist())
     statuses.append(request(bad).status)
     return statuses
 

@@ -30,6 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     comm.add_argument("--densities", default="0.01,0.001")
     comm.add_argument("--repeats", type=int, default=5)
     comm.add_argument("--block", type=int, default=256, help="shared-index block size")
+    ps = sub.add_parser("ps", help="parameter-server throughput: pushes/s with W workers, and whether a slow "
+                                   "worker's transfers hold the others up")
+    ps.add_argument("--params", type=float, default=1e6, help="parameters on the server")
+    ps.add_argument("--workers", type=int, default=3)
+    ps.add_argument("--seconds", type=float, default=5.0)
+    ps.add_argument("--slow-link", default=None, metavar="RATE",
+                    help="also run with worker 0 behind a RATE link (others and the server at 10gbit) and compare")
 
 
 def _mbit(bps: float) -> str:
@@ -114,9 +121,53 @@ def run_comm(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_ps(args: argparse.Namespace) -> int:
+    from ringps.launch.spawn import run_module
+
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be >= 1")
+    module_args = ["--params", str(args.params), "--seconds", str(args.seconds)]
+    world = args.workers + 1
+    console = wide_console()
+    runs = [("loopback", None)]
+    if args.slow_link:
+        try:
+            slow = parse_rate(args.slow_link)
+        except ValueError as e:
+            raise ConfigError(f"--slow-link {args.slow_link}: {e}") from None
+        runs = [("all links 10gbit", [10e9] * world), (f"worker 0 at {args.slow_link}", [slow] + [10e9] * args.workers)]
+    results = []
+    for label, rates in runs:
+        if rates is None:
+            res = run_module("ringps.ps.bench", module_args, world, None, timeout=300)
+        else:
+            from ringps.launch.cluster import Cluster, ClusterError, placement, requirements_missing
+
+            why = requirements_missing()
+            if why:
+                raise ClusterError(why)
+            with Cluster.create(rates) as c:
+                res = run_module("ringps.ps.bench", module_args, world, placement(c), timeout=300)
+        results.append((label, res))
+    t = Table("setting", "server pushes/s", "worker pushes/s", "round trip (median)")
+    for label, res in results:
+        server = next(r for r in res if r["role"] == "server")
+        ws = [r for r in res if r["role"] == "worker"]
+        t.add_row(label, f"{server['pushes_per_s']:.1f}", ", ".join(f"w{r['rank']}: {r['pushes_per_s']:.1f}" for r in ws),
+                  ", ".join(f"{1e3 * r['round_trip_median_s']:.1f} ms" for r in ws))
+    console.print(f"{args.params:.0e} parameters ({args.params * 4 / 1e6:.0f} MB pushed and pulled per round trip), "
+                  f"{args.workers} workers, 1 server, {args.seconds:g}s each")
+    console.print(t)
+    if len(results) == 2:
+        fast = [[r["pushes_per_s"] for r in res if r["role"] == "worker" and r["rank"] != 0] for _, res in results]
+        a, b = sum(fast[0]) / len(fast[0]), sum(fast[1]) / len(fast[1])
+        console.print(f"the other workers' push rate with worker 0 on the slow link: {b:.1f}/s vs {a:.1f}/s ({b / a:.2f}x)")
+    return 0
+
+
 def _gbit(bytes_per_s: float) -> str:
     return f"{bytes_per_s * 8 / 1e9:.2f} Gbit/s"
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"net": run_net, "comm": run_comm}[args.what](args)
+    return {"net": run_net, "comm": run_comm, "ps": run_ps}[args.what](args)

@@ -19,6 +19,7 @@ COMMANDS = {
     "train": "ringps.cli.train",
     "compare": "ringps.cli.compare",
     "report": "ringps.cli.report",
+    "plan": "ringps.cli.plan",
     "bench": "ringps.cli.bench",
     "cluster": "ringps.cli.cluster",
     "list": "ringps.cli.listing",

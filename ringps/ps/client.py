@@ -51,38 +51,48 @@ class Client:
                 raise CommTimeout(f"rank {self.rank}: {what} with server rank {server} failed after up to "
                                   f"{self.timeout:g}s: {str(e).splitlines()[0]}") from None
 
-    def _replies(self, op: str) -> list[wire.Header]:
+    def _post_replies(self, op: str, values: bool) -> tuple[list[torch.Tensor], list]:
+        """Post the receives of every server's reply header (and values, straight into the
+        parameters) before anything is sent: no extra round of latency per phase."""
         raws = [wire.empty_header() for _ in self.servers]
-        self._wait([(dist.irecv(r, src=srv, tag=wire.TAG_REPLY), f"waiting for the {op} reply", srv)
-                    for r, srv in zip(raws, self.servers)])
+        works = [(dist.irecv(r, src=srv, tag=wire.TAG_REPLY), f"waiting for the {op} reply", srv)
+                 for r, srv in zip(raws, self.servers)]
+        if values:
+            for s, srv in enumerate(self.servers):
+                lo, hi = self.ranges[s]
+                works.append((dist.irecv(self.values[lo:hi], src=srv, tag=wire.TAG_VALUES), "receiving values", srv))
+        return raws, works
+
+    def _replies(self, op: str, raws: list[torch.Tensor], works: list) -> list[wire.Header]:
+        n = len(self.servers)
+        self._wait(works[:n])  # headers first: a refusal comes without values
         heads = [wire.Header.decode(r) for r in raws]
         for h, srv in zip(heads, self.servers):
             if h.status == wire.REFUSED:
                 raise ProtocolError(f"server rank {srv} refused this worker's {op} (see its log and ranks/rank{srv}.jsonl)")
+        self._wait(works[n:])
+        for s, h in enumerate(heads):
+            self.versions[s] = h.version if h.op == wire.OP_REPLY and h.payload else self.versions[s]
         return heads
-
-    def _receive_values(self, heads: list[wire.Header]) -> None:
-        works = []
-        for s, (h, srv) in enumerate(zip(heads, self.servers)):
-            lo, hi = self.ranges[s]
-            works.append((dist.irecv(self.values[lo:hi], src=srv, tag=wire.TAG_VALUES), "receiving values", srv))
-            self.versions[s] = h.version
-        self._wait(works)
 
     def pull(self) -> None:
         fp = self.layout.fingerprint
+        raws, replies = self._post_replies("pull", values=True)
         works = [(dist.isend(wire.Header(wire.OP_PULL, self.rank, s, fingerprint=fp).encode(), dst=srv,
                              tag=wire.TAG_HEADER), "sending a pull", srv) for s, srv in enumerate(self.servers)]
         self._wait(works)
-        self._receive_values(self._replies("pull"))
+        self._replies("pull", raws, replies)
 
     def push_pull(self, lr: float, step: int) -> PushResult:
         t0 = time.perf_counter()
         fp = self.layout.fingerprint
         works, sent = [], 0
+        samples = [self.values[lo:hi][self.sample_pos[s]] if self.sample_pos is not None else None
+                   for s, (lo, hi) in enumerate(self.ranges)]  # taken before new values can land
+        raws, replies = self._post_replies("push", values=True)
         for s, srv in enumerate(self.servers):
             lo, hi = self.ranges[s]
-            sample = self.values[lo:hi][self.sample_pos[s]] if self.sample_pos is not None else None
+            sample = samples[s]
             h = wire.Header(wire.OP_PUSHPULL, self.rank, s, version=self.versions[s], payload=hi - lo,
                             sample=0 if sample is None else sample.numel(), fingerprint=fp, lr=lr, step=step)
             works.append((dist.isend(h.encode(), dst=srv, tag=wire.TAG_HEADER), "sending a push header", srv))
@@ -92,8 +102,7 @@ class Client:
                 works.append((dist.isend(sample, dst=srv, tag=wire.TAG_SAMPLE), "sending a value sample", srv))
                 sent += sample.numel() * sample.element_size()
         self._wait(works)
-        heads = self._replies("push")
-        self._receive_values(heads)
+        heads = self._replies("push", raws, replies)
         recv = sum(hi - lo for lo, hi in self.ranges) * self.values.element_size()
         return PushResult(
             applied=[h.status == wire.APPLIED for h in heads], staleness=[h.staleness for h in heads],
@@ -104,6 +113,7 @@ class Client:
 
     def stop(self) -> None:
         fp = self.layout.fingerprint
+        raws, replies = self._post_replies("stop", values=False)
         self._wait([(dist.isend(wire.Header(wire.OP_STOP, self.rank, s, fingerprint=fp).encode(), dst=srv,
                                 tag=wire.TAG_HEADER), "sending stop", srv) for s, srv in enumerate(self.servers)])
-        self._replies("stop")
+        self._replies("stop", raws, replies)

@@ -39,6 +39,7 @@ class Policy:
     bounded = False  # SSP: a fast worker waits for the slowest
     needs_sample = False  # pushes carry the pulled values at the VSGD sample positions
     needs_backup = False  # the server keeps the values it last sent each worker (DC-ASGD)
+    layer_aware = False  # works per layer message (--layer-strategy auto)
 
     def __init__(self, cfg):
         self.threshold = cfg.ps.staleness_threshold
@@ -57,11 +58,12 @@ class Sync(Policy):
 
 @POLICIES.register("async")
 class Async(Policy):
-    pass
+    layer_aware = True
 
 
 @POLICIES.register("threshold")
 class Threshold(Policy):
+    layer_aware = True
     def judge(self, staleness: int) -> Verdict:
         if staleness > self.threshold:
             return Verdict(False, reason=f"staleness {staleness} > T={self.threshold}")
@@ -75,6 +77,7 @@ class SSP(Policy):
 
 @POLICIES.register("stale-lr")
 class StaleLR(Policy):
+    layer_aware = True
     def judge(self, staleness: int) -> Verdict:
         return Verdict(True, lr_scale=1.0 / max(1, staleness))
 

@@ -27,6 +27,17 @@ from ringps.ps.policies import VSGD, Policy
 from ringps.train.metrics import Recorder
 
 
+def sgd_step(values: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, lr: float, mu: float, wd: float) -> None:
+    """torch.optim.SGD's step (momentum, no dampening, L2 weight decay), in place. The server and
+    a worker replaying sufficient factors run exactly this, so their copies stay bit-identical."""
+    if wd:
+        grad.add_(values, alpha=wd)
+    if mu:
+        momentum.mul_(mu).add_(grad)
+        grad = momentum
+    values.add_(grad, alpha=-lr)
+
+
 class Shard:
     def __init__(self, values: torch.Tensor):
         self.values = values
@@ -70,12 +81,7 @@ class Server:
     def sgd(self, grad: torch.Tensor, lr: float) -> None:
         """torch.optim.SGD's step (momentum, no dampening, L2 weight decay), on the flat shard."""
         s = self.shard
-        if self.wd:
-            grad.add_(s.values, alpha=self.wd)
-        if self.mu:
-            s.momentum.mul_(self.mu).add_(grad)
-            grad = s.momentum
-        s.values.add_(grad, alpha=-lr)
+        sgd_step(s.values, s.momentum, grad, lr, self.mu, self.wd)
         s.version += 1
         if self.checkpoint_every and s.version % self.checkpoint_every == 0:
             self.save_checkpoint()

@@ -21,12 +21,16 @@ from typing import Optional
 
 import torch
 
-MAGIC = 0x5250_4753_0001  # "RPGS", protocol 1
-FIELDS = 16
+MAGIC = 0x5250_4753_0002  # "RPGS", protocol 2
+FIELDS = 20
 TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_VALUES, TAG_SAMPLE = 11, 12, 13, 14, 15
 
-OP_PUSHPULL, OP_PULL, OP_STOP, OP_REPLY = 1, 2, 3, 10
-OPS = {OP_PUSHPULL: "push-pull", OP_PULL: "pull", OP_STOP: "stop", OP_REPLY: "reply"}
+OP_PUSHPULL, OP_PULL, OP_STOP, OP_LAYER, OP_REPLY = 1, 2, 3, 4, 10
+OPS = {OP_PUSHPULL: "push-pull", OP_PULL: "pull", OP_STOP: "stop", OP_LAYER: "layer push", OP_REPLY: "reply"}
+# how a layer's gradient travels (OP_LAYER) and how its update comes back
+DENSE, FP16, TOPK, SF = 0, 1, 2, 3
+METHODS = {DENSE: "dense", FP16: "fp16", TOPK: "topk", SF: "sf"}
+FLAG_END_OF_STEP = 1  # the step's last layer: the server now replies, in priority order
 APPLIED, DROPPED, REFUSED, STOPPED = 0, 1, 2, 3
 STATUS = {APPLIED: "applied", DROPPED: "dropped", REFUSED: "refused", STOPPED: "stopped"}
 _MASK = (1 << 61) - 1
@@ -56,11 +60,15 @@ class Header:
     weight: float = 1.0
     held_us: int = 0
     value_staleness: float = 0.0
+    layer: int = 0  # OP_LAYER: which layer of the plan
+    method: int = DENSE
+    rows: int = 0  # sf: batch rows of the factors; topk: k; reply: log entries that follow
+    flags: int = 0
 
     def fields(self) -> list[int]:
         f = [MAGIC, self.op, self.sender, self.shard, self.version, self.payload, self.sample, self.fingerprint,
              f2i(self.lr), self.step, self.status, self.staleness, f2i(self.weight), self.held_us,
-             f2i(self.value_staleness)]
+             f2i(self.value_staleness), self.layer, self.method, self.rows, self.flags]
         return f + [checksum(f)]
 
     def encode(self) -> torch.Tensor:
@@ -71,7 +79,7 @@ class Header:
         f = t.tolist()
         return cls(op=f[1], sender=f[2], shard=f[3], version=f[4], payload=f[5], sample=f[6], fingerprint=f[7],
                    lr=i2f(f[8]), step=f[9], status=f[10], staleness=f[11], weight=i2f(f[12]), held_us=f[13],
-                   value_staleness=i2f(f[14]))
+                   value_staleness=i2f(f[14]), layer=f[15], method=f[16], rows=f[17], flags=f[18])
 
     @property
     def total(self) -> int:
@@ -80,7 +88,7 @@ class Header:
 
 def checksum(fields: list[int]) -> int:
     acc = 0
-    for i, v in enumerate(fields[:15]):
+    for i, v in enumerate(fields[: FIELDS - 1]):
         acc = (acc * 1_000_003 + (v & _MASK) + i) & _MASK
     return acc
 
@@ -107,12 +115,12 @@ def validate(raw: torch.Tensor, exp: Expect) -> tuple[Optional[Header], Optional
     f = raw.tolist()
     if len(f) != FIELDS or f[0] != MAGIC:
         return None, "bad magic (not a ringps message, or another protocol version)", False
-    if f[15] != checksum(f):
+    if f[FIELDS - 1] != checksum(f):
         return None, "header checksum mismatch", False
     h = Header.decode(raw)
     sizes_ok = 0 <= h.payload <= exp.payload and 0 <= h.sample <= max(exp.sample, 0)
     drainable = sizes_ok and h.op == OP_PUSHPULL
-    if h.op not in (OP_PUSHPULL, OP_PULL, OP_STOP):
+    if h.op not in (OP_PUSHPULL, OP_PULL, OP_STOP, OP_LAYER):
         return h, f"unknown op {h.op}", False
     if h.sender != exp.sender:
         return h, f"sender field {h.sender} but the message came from rank {exp.sender}", drainable
@@ -122,8 +130,8 @@ def validate(raw: torch.Tensor, exp: Expect) -> tuple[Optional[Header], Optional
         return h, "parameter layout fingerprint differs (different model, servers or slice size)", drainable
     if not sizes_ok:
         return h, f"payload {h.payload}+{h.sample} entries, expected at most {exp.payload}+{exp.sample}", False
-    if h.op == OP_PUSHPULL:
-        if h.payload != exp.payload or h.sample != exp.sample:
+    if h.op in (OP_PUSHPULL, OP_LAYER):
+        if h.op == OP_PUSHPULL and (h.payload != exp.payload or h.sample != exp.sample):
             return h, f"payload {h.payload}+{h.sample} entries, expected exactly {exp.payload}+{exp.sample}", drainable
         if not 0 <= h.version <= exp.version:
             return h, f"version {h.version} outside 0..{exp.version}", drainable

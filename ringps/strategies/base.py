@@ -101,6 +101,9 @@ class Strategy:
         """With `budgeted`: True once the global budget of steps is used up."""
         return False
 
+    def settle(self) -> None:
+        """Finish in-flight updates of the local model (before evaluating or saving it)."""
+
     def eval_model(self) -> nn.Module:
         """The module to evaluate (the bare model, never a DDP wrapper)."""
         return self.model

@@ -8,19 +8,27 @@ every server, whose reply values land straight in the model's parameters. Worker
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
 
+from ringps.comm.probe import broadcast_object, measured_cost_params
 from ringps.ps import POLICIES
 from ringps.ps.client import Client
+from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
 from ringps.ps.layout import Layout, flatten_into
 from ringps.ps.server import Server
+from ringps.schedule.plan import Plan, dense_plan, make_plan
+from ringps.schedule.profile import profile_model
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
 from ringps.train.metrics import Recorder
+
+GOODPUT = 0.95  # TCP payload per configured link bit (tbf shapes whole packets)
 
 
 class ParameterServer(Strategy):
@@ -39,19 +47,50 @@ class ParameterServer(Strategy):
         self.policy = POLICIES.build(self.policy_name, cfg)
         self._stats: dict[str, Any] = {}
         self.client: Client | None = None
+        self.layered: LayeredClient | None = None
+        self.layer_mode = cfg.strategy.layer_strategy == "auto"
 
     def layout(self, model: nn.Module, ctx: WorkerContext) -> Layout:
         return Layout.of(model, servers=len(ctx.server_ranks), slice_size=self.cfg.ps.slice_size)
 
     # -- worker side ------------------------------------------------------------------------
+    def plan(self, model: nn.Module, ctx: WorkerContext, layout: Layout) -> Optional[Plan]:
+        """Worker side: profile (all workers at once, so the times carry this machine's
+        contention), measure the links, and let rank 0's plan be everyone's (servers included)."""
+        if not self.layer_mode:
+            return None
+        b = ctx.sample_batch
+        prof = profile_model(model, b.inputs.to(ctx.device), b.targets.to(ctx.device))
+        cost = measured_cost_params(ctx.group)
+        worker_bps = server_bps = cost.bandwidth
+        if self.cfg.run.net:
+            rates = self.cfg.run.net_rates(ctx.world_size)
+            worker_bps = min(rates[r] for r in ctx.worker_ranks) / 8 * GOODPUT
+            server_bps = min(rates[r] for r in ctx.server_ranks) / 8 * GOODPUT
+        args = (prof, ctx.workers, len(ctx.server_ranks), worker_bps, server_bps, cost)
+        plan = make_plan(*args, density=self.cfg.compress.density, shard_bounds=layout.bounds())
+        if ctx.rank == 0:
+            report = {"auto": plan_summary(plan), "off": plan_summary(dense_plan(*args))}
+            (ctx.out_dir / "plan.json").write_text(json.dumps(report, indent=1))
+        return plan
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: WorkerContext) -> None:
         super().setup(model, optimizer, ctx)
         layout = self.layout(model, ctx)
+        plan = self.plan(model, ctx, layout)  # before flattening: profiling resets the grads
         self.values, self.grads = flatten_into(model, layout)
-        fraction = self.cfg.ps.vsgd_sample if self.policy.needs_sample else None
-        self.client = Client(ctx.rank, ctx.server_ranks, layout, self.values, self.grads, ctx.timeout,
-                             sample_fraction=fraction, sample_seed=self.cfg.run.seed)
-        self.client.pull()
+        if self.layer_mode:
+            plan = broadcast_object(plan)
+            t = self.cfg.train
+            self.layered = LayeredClient(ctx.rank, ctx.server_ranks[0], model, layer_specs(model, plan, layout,
+                                         self.cfg.compress.density), self.values, self.grads, layout.fingerprint,
+                                         ctx.timeout, t.momentum if t.optimizer == "sgd" else 0.0, t.weight_decay)
+            self.layered.refresh()
+        else:
+            fraction = self.cfg.ps.vsgd_sample if self.policy.needs_sample else None
+            self.client = Client(ctx.rank, ctx.server_ranks, layout, self.values, self.grads, ctx.timeout,
+                                 sample_fraction=fraction, sample_seed=self.cfg.run.seed)
+            self.client.pull()
         self.steps = 0
         self.global_pushes = 0
         self.budget = self.total_pushes(ctx)
@@ -66,7 +105,13 @@ class ParameterServer(Strategy):
     def finished(self) -> bool:
         return self.global_pushes >= self.budget
 
+    def settle(self) -> None:
+        if self.layered is not None:
+            self.layered.settle()
+
     def step(self, batch) -> StepStats:
+        if self.layered is not None:
+            return self.layered_step(batch)
         t0 = time.perf_counter()
         self.grads.zero_()
         loss = loss_of(self.model, batch, self.ctx.device)
@@ -87,7 +132,29 @@ class ParameterServer(Strategy):
                    "weight": min(res.weight)},
         )
 
+    def layered_step(self, batch) -> StepStats:
+        """Forward (each layer waits for its own update), backward (each layer leaves when ready)."""
+        c = self.layered
+        self.steps += 1
+        c.begin_step(self.optimizer.param_groups[0]["lr"], self.steps)
+        waited0 = c.waited_s
+        t0 = time.perf_counter()
+        self.grads.zero_()
+        loss = loss_of(self.model, batch, self.ctx.device)
+        t1 = time.perf_counter()
+        pause = self.ctx.stretch(t1 - t0)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        waited = c.waited_s - waited0
+        self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2) - waited
+        self.global_pushes = c.global_pushes
+        return StepStats(loss=loss.item(), compute_s=(t1 - t0) + pause + (t3 - t2) - waited, exposed_s=waited,
+                         t_ready=time.time(), extra={"staleness": c.last.get("staleness", 0)})
+
     def close(self) -> None:
+        if self.layered is not None:
+            self.layered.close()
         if self.client is not None:
             self.client.stop()
 
@@ -98,11 +165,15 @@ class ParameterServer(Strategy):
         lo, hi = layout.shard_range(index)
         flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
         t = self.cfg.train
-        server = Server(
+        plan = broadcast_object(None) if self.layer_mode else None  # the workers' plan
+        cls, extra = Server, {}
+        if plan is not None:
+            cls, extra = LayerServer, {"specs": layer_specs(model, plan, layout, self.cfg.compress.density)}
+        server = cls(
             ctx.rank, index, list(ctx.worker_ranks), layout, self.policy, flat[lo:hi],
             momentum=t.momentum if t.optimizer == "sgd" else 0.0, weight_decay=t.weight_decay, timeout=ctx.timeout,
             recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=self.cfg.ps.ps_checkpoint_every,
-            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed, budget=self.total_pushes(ctx),
+            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed, budget=self.total_pushes(ctx), **extra,
         )
         if t.resume:
             server.load_checkpoint(Path(t.resume))
@@ -130,6 +201,12 @@ class ParameterServer(Strategy):
             "pushes_per_s": {str(s["server"]): s["pushes_per_s"] for s in servers},
             "policy": cls.policy_name,
         }
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    return {"predicted": plan.predict(), "layers": [
+        {"name": l.name, "kind": l.kind, "params": l.params, "method": l.method, "priority": l.priority,
+         "servers": l.servers, "up_bytes": l.up_bytes, "down_bytes": l.down_bytes} for l in plan.layers]}
 
 
 def _register(name: str, policy: str, synchronous: bool = False) -> None:

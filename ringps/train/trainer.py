@@ -153,6 +153,7 @@ class Trainer:
                 if evaluator and (self.step % self.eval_every == 0 or last):
                     stop = self.evaluate(clock, epoch) or stop
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    self.strategy.settle()
                     checkpoint.save(ctx.out_dir, self.step, ctx.rank, self.state_dict(clock.now()))
                 if last or stop:
                     stop = True
@@ -167,6 +168,7 @@ class Trainer:
         clock.pause()
         self.where = f"evaluation after step {self.step}"
         ctx, s = self.ctx, self.strategy
+        s.settle()
         parts = ctx.workers if s.collective_eval else 1
         part = ctx.worker if s.collective_eval else 0
         res = evaluate(s.eval_model(), self.data.test, self.stats, ctx.device, part, parts, ctx.group)

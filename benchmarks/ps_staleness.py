@@ -1,0 +1,67 @@
+"""Benchmark: staleness control on the parameter server.
+
+facenet on orl-faces, 4 workers with --slowdown 1,1,2,4 (unequal workers), 1 server, loopback.
+Every policy side by side, 3 seeds, medians [min..max], ratios to ps-sync, and the bars of the
+parameter-server issue checked against the medians.
+
+    .venv/bin/python benchmarks/ps_staleness.py                     # all seven, 3 seeds
+    .venv/bin/python benchmarks/ps_staleness.py --contenders ps-sync,ps-vsgd --repeats 1 --epochs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import console, med, run_matrix, table, verdict, write_report
+
+CONTENDERS = ["ps-sync", "ps-async", "ps-threshold", "ps-ssp", "ps-stale-lr", "ps-dcasgd", "ps-vsgd"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--extra", default="", help="more options for every run, as key=value,key=value")
+    args = p.parse_args()
+    extra = dict(kv.split("=", 1) for kv in args.extra.split(",") if kv)
+    contenders = {c: {"strategy": c} for c in args.contenders.split(",")}
+    common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
+              "epochs": args.epochs, "target_accuracy": args.target, **extra}
+    out, results = run_matrix("ps-staleness", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common)
+    runs = results["slowdown-1-1-2-4"]
+    ref = "ps-sync" if "ps-sync" in runs else next(iter(runs))
+    console.print(table("ratios to " + ref, runs, ref))
+    lines = [f"parameter-server benchmark: facenet / orl-faces / 4 workers, slowdown 1,1,2,4 / 1 server / "
+             f"{args.epochs} epochs of work / target {args.target:.0%} / {args.repeats} seeds, medians"]
+    for c, rs in runs.items():
+        pushes = [r.get("strategy_stats", {}) for r in rs]
+        lines.append(f"{c}: median time-to-accuracy {med(rs, 'time_to_accuracy_s')}, final {med(rs, 'final_accuracy')}, "
+                     f"spikes {med(rs, 'loss_spikes')}")
+    checks = []
+    tta = {c: med(rs, "time_to_accuracy_s") for c, rs in runs.items()}
+    acc = {c: med(rs, "final_accuracy") for c, rs in runs.items()}
+    spikes = {c: med(rs, "loss_spikes") for c, rs in runs.items()}
+    for c in ("ps-threshold", "ps-vsgd"):
+        if c in runs and "ps-sync" in runs and None not in (tta[c], tta["ps-sync"]):
+            checks.append((f"{c} time-to-accuracy <= 0.7x ps-sync", tta[c] <= 0.7 * tta["ps-sync"],
+                           f"{tta[c]:.0f}s vs {tta['ps-sync']:.0f}s = {tta[c] / tta['ps-sync']:.2f}x"))
+        if c in runs and "ps-async" in runs and None not in (acc[c], acc["ps-async"]):
+            checks.append((f"{c} median final accuracy >= ps-async's", acc[c] >= acc["ps-async"],
+                           f"{acc[c]:.1%} vs {acc['ps-async']:.1%}"))
+            checks.append((f"{c} fewer loss spikes than ps-async", spikes[c] < spikes["ps-async"],
+                           f"{spikes[c]:g} vs {spikes['ps-async']:g}"))
+    peers = [c for c in ("ps-threshold", "ps-stale-lr", "ps-dcasgd") if c in runs and tta.get(c) is not None]
+    if "ps-vsgd" in runs and peers and tta["ps-vsgd"] is not None:
+        best = min(peers, key=lambda c: tta[c])
+        checks.append(("ps-vsgd time-to-accuracy no worse than the best of threshold, stale-lr, dcasgd",
+                       tta["ps-vsgd"] <= tta[best], f"{tta['ps-vsgd']:.0f}s vs {best} {tta[best]:.0f}s"))
+    for line in verdict(checks):
+        console.print(line)
+        lines.append(line)
+    write_report(out, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

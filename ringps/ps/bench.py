@@ -1,0 +1,65 @@
+"""The per-rank side of `ringps bench ps`: workers push-and-pull as fast as they can.
+
+    python -m ringps.ps.bench --params 1e6 --seconds 5       (as W workers + 1 server)
+
+No model compute: a flat 1-D parameter of the given size, async policy. Every worker reports its
+pushes and round trips; the server its pushes per second (first push to last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ringps.config import validate
+from ringps.ps import POLICIES
+from ringps.ps.client import Client
+from ringps.ps.layout import Layout, flatten_into
+from ringps.ps.server import Server
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--params", type=float, default=1e6)
+    p.add_argument("--seconds", type=float, default=5.0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    server_rank, workers = world - 1, list(range(world - 1))
+    model = nn.Module()
+    model.w = nn.Parameter(torch.zeros(int(args.params)))
+    layout = Layout.of(model, servers=1)
+    policy = POLICIES.build("async", validate({}))
+    if rank == server_rank:
+        server = Server(rank, 0, workers, layout, policy, model.w.detach().clone(), 0.9, 0.0, timeout=120.0)
+        server.serve()
+        stats = server.stats()
+        print(json.dumps({"role": "server", "pushes_per_s": stats["pushes_per_s"],
+                          "pushes": stats["pushes_applied"] + stats["pushes_dropped"]}), flush=True)
+    else:
+        values, grads = flatten_into(model, layout)
+        client = Client(rank, (server_rank,), layout, values, grads, timeout=120.0)
+        client.pull()
+        grads.normal_()
+        trips, t0 = [], time.perf_counter()
+        while time.perf_counter() - t0 < args.seconds:
+            trips.append(client.push_pull(0.01, len(trips) + 1).round_trip_s)
+        elapsed = time.perf_counter() - t0
+        client.stop()
+        print(json.dumps({"role": "worker", "rank": rank, "pushes": len(trips), "pushes_per_s": len(trips) / elapsed,
+                          "round_trip_median_s": statistics.median(trips)}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
