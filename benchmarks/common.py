@@ -55,6 +55,7 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
 
 def strip(results: dict) -> dict:
     keep = ("label", "strategy", "time_to_accuracy_s", "final_accuracy", "best_accuracy", "wall_s", "utilization",
+            "step_s_median", "pushes_applied", "pushes_dropped", "max_applied_staleness", "staleness_histogram",
             "bytes_sent_per_step", "compute_s_per_step", "comm_s_per_step", "wait_s_per_step", "loss_spikes",
             "steps", "net", "slowdown", "run_dir", "diverged", "strategy_stats")
     return {s: {c: [{k: r.get(k) for k in keep} for r in runs] for c, runs in cs.items()} for s, cs in results.items()}
@@ -73,7 +74,7 @@ def spread(runs: list[dict], key: str) -> str:
 
 
 COLUMNS = [("time-to-acc s", "time_to_accuracy_s", True), ("final acc", "final_accuracy", False),
-           ("wall s", "wall_s", True), ("utilization", "utilization", True),
+           ("wall s", "wall_s", True), ("step s", "step_s_median", True), ("utilization", "utilization", True),
            ("MB/step", "bytes_sent_per_step", True), ("comm s/step", "comm_s_per_step", False),
            ("spikes", "loss_spikes", False)]
 

@@ -34,6 +34,18 @@ def parse_rate(text: str) -> float:
     return bits
 
 
+def host_rates(spec: str, hosts: int, option: str = "--bandwidth") -> list[float]:
+    """'1gbit' or '1gbit,100mbit,...' -> one rate (bits/s) per host; ConfigError naming `option`."""
+    try:
+        rates = [parse_rate(r) for r in spec.split(",")]
+    except ValueError as e:
+        raise ConfigError(f"{option} {spec}: {e}") from None
+    rates = rates * hosts if len(rates) == 1 else rates
+    if len(rates) != hosts:
+        raise ConfigError(f"{option} {spec}: {len(rates)} rates for {hosts} hosts; give one, or one per host")
+    return rates
+
+
 def _split_list(value: Any) -> Any:
     """Flags give lists as '1,1,2,4'; YAML gives real lists. Accept both."""
     if isinstance(value, str):

@@ -10,7 +10,7 @@ import argparse
 from ringps.cli.tables import wide_console
 from rich.table import Table
 
-from ringps.config import parse_rate
+from ringps.config import host_rates, parse_rate
 from ringps.errors import ConfigError
 
 HELP = "measure the network (bench net) or the exchanges (bench comm)"
@@ -49,13 +49,7 @@ def run_net(args: argparse.Namespace) -> int:
 
     if args.hosts < 2:
         raise ConfigError(f"--hosts {args.hosts}: need at least 2 hosts to measure a link")
-    try:
-        rates = [parse_rate(r) for r in args.bandwidth.split(",")]
-    except ValueError as e:
-        raise ConfigError(f"--bandwidth {args.bandwidth}: {e}") from None
-    rates = rates * args.hosts if len(rates) == 1 else rates
-    if len(rates) != args.hosts:
-        raise ConfigError(f"--bandwidth: {len(rates)} rates for --hosts {args.hosts}")
+    rates = host_rates(args.bandwidth, args.hosts)
     res = bench_net(rates, args.seconds, args.iters)
     console = wide_console()
     console.print(res.description)

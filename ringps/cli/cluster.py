@@ -11,7 +11,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from ringps.config import parse_rate
+from ringps.config import host_rates
 from ringps.errors import ConfigError
 
 HELP = ("emulated hosts: network namespaces joined by a bridge, each link rate-shaped with tc "
@@ -35,13 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "up":
         if args.hosts < 1:
             raise ConfigError(f"--hosts {args.hosts}: must be >= 1")
-        try:
-            rates = [parse_rate(r) for r in args.bandwidth.split(",")]
-        except ValueError as e:
-            raise ConfigError(f"--bandwidth {args.bandwidth}: {e}") from None
-        rates = rates * args.hosts if len(rates) == 1 else rates
-        if len(rates) != args.hosts:
-            raise ConfigError(f"--bandwidth: {len(rates)} rates for --hosts {args.hosts}")
+        rates = host_rates(args.bandwidth, args.hosts)
         c = cl.Cluster.create(rates, keep=True)  # stays until `ringps cluster down`
         console.print(c.describe())
         for h in range(c.hosts):

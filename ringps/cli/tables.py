@@ -44,18 +44,27 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str], bool]] = [
     ("wait/step", "wait_s_per_step", _secs, False),
     ("spikes", "loss_spikes", str, False),
 ]
+# shown only when some run has them (parameter-server runs)
+OPTIONAL: list[tuple[str, str, Callable[[Any], str], bool]] = [
+    ("step", "step_s_median", _secs, True),
+    ("pushes applied", "pushes_applied", str, False),
+    ("dropped", "pushes_dropped", str, False),
+    ("max staleness", "max_applied_staleness", str, False),
+]
 
 
 def summary_table(summaries: list[dict[str, Any]], title: str = "") -> Table:
     """Rows = runs; figures of later rows carry their ratio to the first row's."""
     t = Table(title=title or None, title_justify="left")
     t.add_column("strategy", style="bold")
-    for header, *_ in COLUMNS:
+    columns = COLUMNS + [c for c in OPTIONAL if any(s.get(c[1]) is not None for s in summaries) and
+                         (c[1] != "step_s_median" or any(s.get("pushes_applied") is not None for s in summaries))]
+    for header, *_ in columns:
         t.add_column(header, justify="right")
     ref = summaries[0] if summaries else {}
     for i, s in enumerate(summaries):
         cells = [s.get("label") or s["strategy"]]
-        for _, key, fmt, ratio in COLUMNS:
+        for _, key, fmt, ratio in columns:
             v = s.get(key)
             text = fmt(v) if v is not None else "-"
             if ratio and i > 0:

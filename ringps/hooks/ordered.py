@@ -12,13 +12,13 @@ Both wrappers record when the last bucket became ready, which is when this worke
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from ringps.comm.thread import CommThread
 
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
@@ -52,29 +52,12 @@ class OrderedHook(TimedHook):
 
     def __init__(self, hook: Hook, name: str = "ringps-comm"):
         super().__init__(hook)
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread = CommThread(name)
 
-    # no annotations on `bucket` or the result: DDP compares them to the real classes, and this
-    # module's postponed annotations would be strings
+    # no annotations: see TimedHook.__call__
     def __call__(self, state, bucket):
         self.mark()
-        fut: torch.futures.Future = torch.futures.Future()
-        self._queue.put((state, bucket, fut))
-        return fut
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            state, bucket, fut = item
-            try:
-                fut.set_result(self.hook(state, bucket).wait())
-            except Exception as e:  # noqa: BLE001 - handed to DDP, which re-raises in backward()
-                fut.set_exception(e)
+        return self._thread.submit(lambda: self.hook(state, bucket).wait())
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        self._thread.close()

@@ -262,6 +262,7 @@ class LayerServer(Server):
         self.logs = {s.index: deque() for s in specs if s.method == "sf"}  # (version after, entry tensor)
         # the version each worker's copy of each layer has (None: never synced, send a refresh)
         self.known: dict[int, list] = {w: [None] * len(specs) for w in self.workers}
+        self._staleness: dict[int, int] = {}  # the largest layer staleness of each worker's current step
 
     def _layer_payload(self, spec: LayerSpec, h: wire.Header) -> tuple[Optional[torch.Tensor], Optional[str]]:
         if h.flags & FLAG_REFRESH:
@@ -334,39 +335,19 @@ class LayerServer(Server):
             self._reply(worker, h, body)
         self._staleness[worker] = 0
 
-    def handle(self, worker: int) -> None:
+    def requests(self, worker: int) -> None:
         raw = wire.empty_header()
-        self._staleness: dict[int, int] = getattr(self, "_staleness", {})
-        try:
-            while True:
-                self._recv(raw, worker, wire.TAG_HEADER, "a request header")
-                exp = wire.Expect(worker, 0, self.layout.fingerprint, self.n, 0, max(self.layer_version + [0]))
-                h, reason, _ = wire.validate(raw, exp)  # sizes are checked against the plan below
-                if reason is None and h.op == wire.OP_LAYER and not 0 <= h.layer < len(self.specs):
-                    reason = f"layer {h.layer} is not in the plan"
-                if reason is not None:
-                    self.refuse(worker, h, reason, False)
-                    self.failed[worker] = f"protocol violation: {reason}"
-                    return
-                if h.op == wire.OP_STOP:
-                    self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, 0, status=wire.STOPPED), None)
-                    return
-                spec = self.specs[h.layer]
-                payload, why = self._layer_payload(spec, h)
-                if why is not None:
-                    self.refuse(worker, h, why, False)
-                    self.failed[worker] = f"protocol violation: {why}"
-                    return
-                if payload is not None:
-                    self._apply_layer(worker, spec, h, payload)
-                if h.flags & wire.FLAG_END_OF_STEP:
-                    self._reply_all(worker)
-        except WorkerFailed:
-            raise
-        except Exception as e:  # noqa: BLE001 - a worker that dies or goes silent
-            with self.shard.cond:
-                self.failed[worker] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        finally:
-            with self.shard.cond:
-                self.live.discard(worker)
-                self.shard.cond.notify_all()
+        self._staleness.setdefault(worker, 0)
+        while (h := self.next_request(worker, raw, max(self.layer_version))) is not None:
+            why = None if h.op == wire.OP_LAYER and 0 <= h.layer < len(self.specs) else f"op {h.op}, layer {h.layer}"
+            payload = None
+            if why is None:
+                payload, why = self._layer_payload(self.specs[h.layer], h)
+            if why is not None:  # sizes are checked against the plan here
+                self.refuse(worker, h, why, False)
+                self.failed[worker] = f"protocol violation: {why}"
+                return
+            if payload is not None:
+                self._apply_layer(worker, self.specs[h.layer], h, payload)
+            if h.flags & wire.FLAG_END_OF_STEP:
+                self._reply_all(worker)

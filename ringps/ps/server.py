@@ -186,41 +186,9 @@ class Server:
             w.wait(timeout=timedelta(seconds=self.timeout))
 
     def handle(self, worker: int) -> None:
-        raw = wire.empty_header()
-        grad = torch.empty(self.n)
-        sample = torch.empty(self.sample_n) if self.sample_n else None
+        """Serve one worker until it stops: requests one after another (see `requests`)."""
         try:
-            while True:
-                self._recv(raw, worker, wire.TAG_HEADER, "a request header")
-                exp = wire.Expect(worker, self.index, self.layout.fingerprint, self.n, self.sample_n, self.shard.version)
-                h, reason, drainable = wire.validate(raw, exp)
-                if reason is not None:
-                    self.refuse(worker, h, reason, drainable)
-                    if not drainable:
-                        self.failed[worker] = f"protocol violation: {reason}"
-                        return
-                    continue
-                if h.op == wire.OP_STOP:
-                    self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index, status=wire.STOPPED), None)
-                    return
-                if h.op == wire.OP_PULL:
-                    with self.shard.cond:
-                        self.snapshot[worker].copy_(self.shard.values)
-                        self.sent_once.add(worker)
-                        version = self.shard.version
-                    self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index, version=version,
-                                                    payload=self.n), self.snapshot[worker])
-                    continue
-                self._recv(grad, worker, wire.TAG_PAYLOAD, "a gradient")
-                if sample is not None:
-                    self._recv(sample, worker, wire.TAG_SAMPLE, "a value sample")
-                staleness = self.shard.version - h.version
-                status, verdict, held = self.push(worker, h, grad, sample)
-                reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=self.shard.version, payload=self.n,
-                                    status=status, staleness=staleness, weight=verdict.weight,
-                                    step=self.applied + self.dropped,
-                                    held_us=int(held * 1e6), value_staleness=verdict.value_staleness)
-                self._reply(worker, reply, self.snapshot[worker])
+            self.requests(worker)
         except WorkerFailed:
             raise
         except Exception as e:  # noqa: BLE001 - a worker that dies or goes silent
@@ -230,6 +198,47 @@ class Server:
             with self.shard.cond:
                 self.live.discard(worker)
                 self.shard.cond.notify_all()
+
+    def next_request(self, worker: int, raw: torch.Tensor, version: int) -> Optional[wire.Header]:
+        """The next valid header from `worker`, or None once it stopped or was cut off."""
+        while True:
+            self._recv(raw, worker, wire.TAG_HEADER, "a request header")
+            exp = wire.Expect(worker, self.index, self.layout.fingerprint, self.n, self.sample_n, version)
+            h, reason, drainable = wire.validate(raw, exp)
+            if reason is None:
+                break
+            self.refuse(worker, h, reason, drainable)
+            if not drainable:
+                self.failed[worker] = f"protocol violation: {reason}"
+                return None
+        if h.op == wire.OP_STOP:
+            self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index, status=wire.STOPPED), None)
+            return None
+        return h
+
+    def requests(self, worker: int) -> None:
+        raw = wire.empty_header()
+        grad = torch.empty(self.n)
+        sample = torch.empty(self.sample_n) if self.sample_n else None
+        while (h := self.next_request(worker, raw, self.shard.version)) is not None:
+            if h.op == wire.OP_PULL:
+                with self.shard.cond:
+                    self.snapshot[worker].copy_(self.shard.values)
+                    self.sent_once.add(worker)
+                    version = self.shard.version
+                self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index, version=version,
+                                                payload=self.n), self.snapshot[worker])
+                continue
+            self._recv(grad, worker, wire.TAG_PAYLOAD, "a gradient")
+            if sample is not None:
+                self._recv(sample, worker, wire.TAG_SAMPLE, "a value sample")
+            staleness = self.shard.version - h.version
+            status, verdict, held = self.push(worker, h, grad, sample)
+            reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=self.shard.version, payload=self.n,
+                                status=status, staleness=staleness, weight=verdict.weight,
+                                step=self.applied + self.dropped,
+                                held_us=int(held * 1e6), value_staleness=verdict.value_staleness)
+            self._reply(worker, reply, self.snapshot[worker])
 
     def refuse(self, worker: int, h: Optional[wire.Header], reason: str, drainable: bool) -> None:
         if drainable and h is not None:  # take the payload off the wire so the stream stays in step

@@ -109,9 +109,10 @@ class ParameterServer(Strategy):
         if self.layered is not None:
             self.layered.settle()
 
-    def step(self, batch) -> StepStats:
-        if self.layered is not None:
-            return self.layered_step(batch)
+    def compute(self, batch, waited=lambda: 0.0) -> tuple[torch.Tensor, float, float]:
+        """Forward, --slowdown stretch, backward into the flat gradient buffer. Returns the loss,
+        the compute seconds (stretch included, `waited()` for updates excluded) and the wait."""
+        w0 = waited()
         t0 = time.perf_counter()
         self.grads.zero_()
         loss = loss_of(self.model, batch, self.ctx.device)
@@ -120,37 +121,31 @@ class ParameterServer(Strategy):
         t2 = time.perf_counter()
         loss.backward()
         t3 = time.perf_counter()
-        self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2)
-        ready = time.time()
+        wait = waited() - w0
+        self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2) - wait
+        return loss, (t1 - t0) + pause + (t3 - t2) - wait, wait
+
+    def step(self, batch) -> StepStats:
         self.steps += 1
-        res = self.client.push_pull(self.optimizer.param_groups[0]["lr"], self.steps)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.layered is not None:
+            # each layer's forward waits for its own update; each layer leaves when its backward is done
+            c = self.layered
+            c.begin_step(lr, self.steps)
+            loss, compute, waited = self.compute(batch, lambda: c.waited_s)
+            self.global_pushes = c.global_pushes
+            return StepStats(loss=loss.item(), compute_s=compute, exposed_s=waited, t_ready=time.time(),
+                             extra={"staleness": c.last.get("staleness", 0)})
+        loss, compute, _ = self.compute(batch)
+        ready = time.time()
+        res = self.client.push_pull(lr, self.steps)
         self.global_pushes = res.global_pushes
         return StepStats(
-            loss=loss.item(), compute_s=(t1 - t0) + pause + (t3 - t2), exposed_s=res.round_trip_s, wait_s=res.held_s,
+            loss=loss.item(), compute_s=compute, exposed_s=res.round_trip_s, wait_s=res.held_s,
             payload_sent=res.bytes_sent, payload_recv=res.bytes_recv, t_ready=ready, applied=all(res.applied),
             extra={"staleness": max(res.staleness), "value_staleness": max(res.value_staleness),
                    "weight": min(res.weight)},
         )
-
-    def layered_step(self, batch) -> StepStats:
-        """Forward (each layer waits for its own update), backward (each layer leaves when ready)."""
-        c = self.layered
-        self.steps += 1
-        c.begin_step(self.optimizer.param_groups[0]["lr"], self.steps)
-        waited0 = c.waited_s
-        t0 = time.perf_counter()
-        self.grads.zero_()
-        loss = loss_of(self.model, batch, self.ctx.device)
-        t1 = time.perf_counter()
-        pause = self.ctx.stretch(t1 - t0)
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        waited = c.waited_s - waited0
-        self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2) - waited
-        self.global_pushes = c.global_pushes
-        return StepStats(loss=loss.item(), compute_s=(t1 - t0) + pause + (t3 - t2) - waited, exposed_s=waited,
-                         t_ready=time.time(), extra={"staleness": c.last.get("staleness", 0)})
 
     def close(self) -> None:
         if self.layered is not None:

@@ -56,6 +56,10 @@ class RingTopk(DDPStrategy):
 
     def setup(self, model: nn.Module, optimizer, ctx: WorkerContext) -> None:
         self.model = model  # make_hook profiles the bare model before DDP wraps it
+        if self.cfg.strategy.layer_strategy == "auto":
+            # layer by layer: buckets of at most 1 MB, so each large layer leaves as soon as its
+            # backward is done and gets its own method (dense or sparse) from the cost model
+            self.cfg.strategy.bucket_cap_mb = min(self.cfg.strategy.bucket_cap_mb, 1.0)
         super().setup(model, optimizer, ctx)
 
     def step_extra(self) -> dict[str, Any]:

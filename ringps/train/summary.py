@@ -76,8 +76,10 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
         rs.sort(key=lambda r: r["step"])
         wall = max(rs[-1]["t"], 1e-9)
         compute = sum(r["compute_s"] for r in rs)
+        ts = [r["t"] for r in rs]
         per_worker[str(w)] = {
             "steps": len(rs),
+            "step_s_median": statistics.median(b - a for a, b in zip(ts, ts[1:])) if len(ts) > 1 else None,
             "wall_s": wall,
             "compute_s": compute,
             "comm_s": sum(r["comm_s"] for r in rs),
@@ -109,6 +111,8 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
         "utilization": statistics.mean(p["utilization"] for p in pw) if pw else None,
         "bytes_sent_per_step": sum(p["bytes_sent"] for p in pw) / n_steps if n_steps else None,
         "bytes_recv_per_step": sum(p["bytes_recv"] for p in pw) / n_steps if n_steps else None,
+        "step_s_median": (statistics.median(p["step_s_median"] for p in pw if p["step_s_median"] is not None)
+                          if any(p["step_s_median"] is not None for p in pw) else None),
         "compute_s_per_step": sum(p["compute_s"] for p in pw) / n_steps if n_steps else None,
         "comm_s_per_step": sum(p["comm_s"] for p in pw) / n_steps if n_steps else None,
         "wait_s_per_step": sum(p["wait_s"] for p in pw) / n_steps if n_steps else None,

@@ -1,0 +1,61 @@
+"""Experiment: which weight function VSGD should use by default.
+
+The setting of the parameter-server benchmark (facenet, orl-faces, 4 workers with slowdown
+1,1,2,4, 1 server). First a run with weight `none` measures the value staleness d the pushes
+really have (the distribution is printed: scales only mean something relative to it); then each
+candidate NAME:SCALE runs with 3 seeds, side by side, and the one with the best median
+time-to-accuracy (ties: final accuracy) is reported. docs/vsgd.md records the result.
+
+    .venv/bin/python benchmarks/vsgd_weight.py --candidates inverse:0.01,exp:0.01,linear:0.02
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from common import console, med, run_matrix, table, write_report
+
+from ringps.train.metrics import read_rows
+
+
+def distances(run_dir: str) -> list[float]:
+    rows = read_rows(Path(run_dir) / "metrics.jsonl")
+    return [r["value_staleness"] for r in rows if r["kind"] == "push" and r.get("value_staleness")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--candidates", default="none:1,inverse:0.01,exp:0.01,linear:0.02")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=20)
+    args = p.parse_args()
+    contenders = {c: {"strategy": "ps-vsgd", "vsgd_weight": c} for c in args.candidates.split(",")}
+    common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
+              "epochs": args.epochs, "target_accuracy": 0.9}
+    out, results = run_matrix("vsgd-weight", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common)
+    runs = results["slowdown-1-1-2-4"]
+    first = next(iter(runs))
+    console.print(table("VSGD weight functions (ratios to the first)", runs, first))
+    ds = sorted(d for r in runs[first] for d in distances(r["run_dir"]))
+    lines = [f"VSGD weight experiment: {args.epochs} epochs of work, {args.repeats} seeds, medians"]
+    if ds:
+        q = lambda f: ds[min(len(ds) - 1, int(f * len(ds)))]  # noqa: E731
+        lines.append(f"value staleness d of the pushes ({first}): median {q(0.5):.4g}, p90 {q(0.9):.4g}, "
+                     f"p99 {q(0.99):.4g}, max {ds[-1]:.4g} ({len(ds)} pushes)")
+    score = {c: (med(rs, "time_to_accuracy_s") or float("inf"), -(med(rs, "final_accuracy") or 0)) for c, rs in runs.items()}
+    for c, rs in runs.items():
+        lines.append(f"{c}: time-to-accuracy {med(rs, 'time_to_accuracy_s')}, final {med(rs, 'final_accuracy')}, "
+                     f"spikes {med(rs, 'loss_spikes')}, dropped {med(rs, 'pushes_dropped')}")
+    best = min(score, key=score.get)
+    lines.append(f"best: {best}")
+    for line in lines:
+        console.print(line)
+    write_report(out, "\n".join(lines) + "\n")
+    (out / "distances.json").write_text(json.dumps(ds))
+
+
+if __name__ == "__main__":
+    main()
