@@ -77,7 +77,7 @@ def test_stale_lr_divides_the_learning_rate():
     for _ in range(4):  # advance the version to 4
         push(s, 1, s.shard.version, torch.zeros(s.n))
     g = torch.randn(s.n)
-    push(s, 2, 0, g, lr=0.1)  # staleness 4 -> lr 0.025
+    push(s, 2, 0, g, lr=0.3)  # staleness 4 -> lr 0.075, and a push is 1/3 of a step of 3 workers
     assert torch.allclose(s.shard.values, ref - 0.025 * g, atol=1e-6)
 
 
@@ -126,7 +126,7 @@ def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
     assert len(pos) == 4 and all(p.numel() >= min(64, piece.numel) for p, piece in zip(pos, server.pieces))
     fresh = torch.cat([server.shard.values[p] for p in pos])
     before = server.shard.values.clone()
-    status, verdict, _ = push(server, 1, 0, torch.ones(server.n), lr=1.0, sample=fresh)
+    status, verdict, _ = push(server, 1, 0, torch.ones(server.n), lr=3.0, sample=fresh)  # 3 workers: lr/3
     assert status == wire.APPLIED and verdict.weight == 1.0
     assert torch.allclose(server.shard.values, before - 1.0, atol=1e-6)
     far = fresh + 10.0  # values the server never had: distance far beyond 0.5
@@ -138,10 +138,10 @@ def test_dcasgd_compensates_with_the_values_sent_to_that_worker():
     server, _ = make_server("dcasgd", momentum=0.0, dcasgd_lambda=0.5)
     server.snapshot[1].copy_(server.shard.values)
     server.sent_once.add(1)
-    push(server, 2, 0, torch.ones(server.n), lr=0.1)  # moves the values by -0.1
+    push(server, 2, 0, torch.ones(server.n), lr=0.3)  # moves the values by -0.1 (lr / 3 workers)
     w_before = server.shard.values.clone()
     g = torch.full((server.n,), 2.0)
-    push(server, 1, 0, g, lr=0.1)
+    push(server, 1, 0, g, lr=0.3)
     # g + 0.5 * g * g * (w_now - w_pulled) = 2 + 0.5 * 4 * (-0.1) = 1.8
     assert torch.allclose(server.shard.values, w_before - 0.1 * 1.8, atol=1e-5)
 

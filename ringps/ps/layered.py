@@ -285,7 +285,7 @@ class LayerServer(Server):
             verdict = self.policy.judge(staleness)
             if verdict.apply:
                 # the lr travels in the factor log as float32: apply exactly that value here too
-                lr = float(torch.tensor(h.lr * verdict.lr_scale, dtype=torch.float32))
+                lr = float(torch.tensor(h.lr * verdict.lr_scale * self.push_share, dtype=torch.float32))
                 if spec.method == "sf":
                     g = sf_gradient(spec, payload, h.rows)
                     self.logs[spec.index].append((self.layer_version[spec.index] + 1,

@@ -54,6 +54,9 @@ class Server:
         self.rank, self.index, self.workers = rank, index, list(workers)
         self.layout, self.policy, self.timeout = layout, policy, timeout
         self.mu, self.wd = momentum, weight_decay
+        # an asynchronous push is one worker's batch: it moves the model 1/N of a synchronous step
+        # (the mean of N batches), so a sample teaches as much under every policy
+        self.push_share = 1.0 if policy.synchronous else 1.0 / len(workers)
         self.shard = Shard(initial.clone())
         self.n = layout.shard_numel(index)
         self.pieces = layout.pieces(index)
@@ -103,7 +106,7 @@ class Server:
             if verdict.apply:
                 backup = self.snapshot[worker] if (self.policy.needs_backup and worker in self.sent_once) else None
                 grad = self.policy.transform(grad, s.values, backup)
-                self.sgd(grad, h.lr * verdict.lr_scale)
+                self.sgd(grad, h.lr * verdict.lr_scale * self.push_share)
                 self.applied += 1
                 self.max_applied_staleness = max(self.max_applied_staleness, staleness)
             else:
