@@ -64,6 +64,7 @@ class Async(Policy):
 @POLICIES.register("threshold")
 class Threshold(Policy):
     layer_aware = True
+
     def judge(self, staleness: int) -> Verdict:
         if staleness > self.threshold:
             return Verdict(False, reason=f"staleness {staleness} > T={self.threshold}")
@@ -78,6 +79,7 @@ class SSP(Policy):
 @POLICIES.register("stale-lr")
 class StaleLR(Policy):
     layer_aware = True
+
     def judge(self, staleness: int) -> Verdict:
         return Verdict(True, lr_scale=1.0 / max(1, staleness))
 
