@@ -9,6 +9,7 @@ is printed next to each median: that is how noisy the machine was.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -29,7 +30,10 @@ console = Console(width=170)
 def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[str, dict[str, Any]],
                repeats: int, common: dict[str, Any], out: Optional[Path] = None) -> tuple[Path, dict]:
     """settings: label -> options (e.g. {"net": "100mbit"}); contenders: label -> options.
-    Returns the output folder and {setting: {contender: [summary per repeat]}}."""
+    Returns the output folder and {setting: {contender: [summary per repeat]}}.
+
+    Given an existing `out` (--out DIR of the scripts), runs whose summary.json is already there
+    are read back, not rerun: an interrupted benchmark resumes where it stopped."""
     out = out or Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, list[dict]]] = {}
@@ -44,13 +48,26 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
                         "out": str(out / slabel / f"{clabel}-r{rep}"), "name": f"{clabel}-r{rep}"}
                 console.print(f"[{done}/{total}] {slabel} / {clabel} / repeat {rep}", style="bold")
                 t0 = time.time()
-                s = run_job(load_config(None, opts), Console(stderr=True, quiet=True))
+                previous = Path(opts["out"]) / "summary.json"
+                if previous.exists():
+                    s = json.loads(previous.read_text())
+                    s.setdefault("run_dir", opts["out"])
+                    console.print("    (read back from an earlier run of this benchmark)")
+                else:
+                    # a folder without summary.json is a run that was interrupted: start it over
+                    shutil.rmtree(opts["out"], ignore_errors=True)
+                    s = run_job(load_config(None, opts), Console(stderr=True, quiet=True))
                 s["label"] = clabel
                 results[slabel][clabel].append(s)
                 console.print(f"    wall {s['wall_s']:.0f}s, time-to-acc {s['time_to_accuracy_s']}, "
                               f"final {s['final_accuracy']}, job {time.time() - t0:.0f}s")
                 (out / "results.json").write_text(json.dumps(strip(results), indent=1))
     return out, results
+
+
+def add_out_arg(p) -> None:
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder; an existing one is resumed (finished runs are read back)")
 
 
 def strip(results: dict) -> dict:

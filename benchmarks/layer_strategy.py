@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common import console, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, med, run_matrix, table, verdict, write_report
 
 SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}}
 CONTENDERS = {"off": {"layer_strategy": "off"}, "auto": {"layer_strategy": "auto"}}
@@ -31,11 +31,12 @@ def main() -> None:
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=15)
+    add_out_arg(p)
     args = p.parse_args()
     settings = {s: SETTINGS[s] for s in args.settings.split(",")}
     common = {"strategy": "ps-async", "dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1,
               "epochs": args.epochs, "target_accuracy": 0.9}
-    out, results = run_matrix("layer-strategy", settings, CONTENDERS, args.repeats, common)
+    out, results = run_matrix("layer-strategy", settings, CONTENDERS, args.repeats, common, args.out)
     lines = [f"layer-strategy benchmark: ps-async / facenet / orl-faces / 4 workers + 1 server, each its own host / "
              f"{args.epochs} epochs of work / {args.repeats} seeds, medians"]
     checks = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import console, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, med, run_matrix, table, verdict, write_report
 
 CONTENDERS = ["ps-sync", "ps-async", "ps-threshold", "ps-ssp", "ps-stale-lr", "ps-dcasgd", "ps-vsgd"]
 
@@ -24,12 +24,13 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--extra", default="", help="more options for every run, as key=value,key=value")
+    add_out_arg(p)
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.extra.split(",") if kv)
     contenders = {c: {"strategy": c} for c in args.contenders.split(",")}
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
               "epochs": args.epochs, "target_accuracy": args.target, **extra}
-    out, results = run_matrix("ps-staleness", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common)
+    out, results = run_matrix("ps-staleness", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out)
     runs = results["slowdown-1-1-2-4"]
     ref = "ps-sync" if "ps-sync" in runs else next(iter(runs))
     console.print(table("ratios to " + ref, runs, ref))

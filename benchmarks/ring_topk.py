@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import console, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, med, run_matrix, table, verdict, write_report
 
 SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}, "unshaped": {}}
 CONTENDERS = {"allreduce": {"strategy": "allreduce"}, "powersgd": {"strategy": "powersgd"},
@@ -26,12 +26,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--target", type=float, default=0.9)
+    add_out_arg(p)
     args = p.parse_args()
     settings = {s: SETTINGS[s] for s in args.settings.split(",")}
     contenders = {c: CONTENDERS[c] for c in args.contenders.split(",")}
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "epochs": args.epochs,
               "target_accuracy": args.target}
-    out, results = run_matrix("ring-topk", settings, contenders, args.repeats, common)
+    out, results = run_matrix("ring-topk", settings, contenders, args.repeats, common, args.out)
     lines = [f"ring-topk benchmark: facenet / orl-faces / 4 workers / {args.epochs} epochs / target "
              f"{args.target:.0%} / {args.repeats} repeats (seeds 0..{args.repeats - 1}), medians [min..max]"]
     for s, runs in results.items():

@@ -16,7 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from common import console, med, run_matrix, table, write_report
+from common import add_out_arg, console, med, run_matrix, table, write_report
 
 from ringps.train.metrics import read_rows
 
@@ -31,11 +31,12 @@ def main() -> None:
     p.add_argument("--candidates", default="none:1,inverse:0.01,exp:0.01,linear:0.02")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=20)
+    add_out_arg(p)
     args = p.parse_args()
     contenders = {c: {"strategy": "ps-vsgd", "vsgd_weight": c} for c in args.candidates.split(",")}
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
               "epochs": args.epochs, "target_accuracy": 0.9}
-    out, results = run_matrix("vsgd-weight", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common)
+    out, results = run_matrix("vsgd-weight", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out)
     runs = results["slowdown-1-1-2-4"]
     first = next(iter(runs))
     console.print(table("VSGD weight functions (ratios to the first)", runs, first))
