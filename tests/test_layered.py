@@ -39,6 +39,25 @@ def test_plan_compresses_the_heavy_fc_layer_and_keeps_convs_dense(rate):
     assert plan.predict()["step_s"] < make_plan(synthetic_profile(), 4, 1, rate, methods=("dense",)).predict()["step_s"]
 
 
+def test_prediction_puts_the_factor_replay_on_the_next_forward_path():
+    """Hand-computed: one sf layer after 0.13 s of conv forward, n = 4 updates of 0.1 s each."""
+    prof = synthetic_profile()
+    for l in prof.layers:
+        l.update_s, l.rebuild_s = (0.05, 0.05) if l.name == "fc1" else (0.0, 0.0)
+    rate = 1e8  # bytes/s
+    plan = make_plan(prof, workers=4, servers=1, worker_bps=rate, p=CostParams(bandwidth=rate, latency=0.0))
+    fc1 = next(l for l in plan.layers if l.name == "fc1")
+    assert fc1.method == "sf" and fc1.replay_s == pytest.approx(0.4) and fc1.lock_s == pytest.approx(0.05)
+    assert fc1.down_bytes == 4 * (16 * (9856 + 1024) * 4 + 1024 * 4)
+    pr = plan.predict()
+    # fc1's reply arrives after the convs' and its own bytes, is replayed (0.4 s), and the forward
+    # of conv1 + conv2 (0.13 s) hides part of it; half of the other three workers' 0.05 s
+    # updates are queued ahead of this worker's reply
+    arrival = sum(l.down_bytes for l in plan.layers[:3]) / rate
+    assert pr["exposed_s"] == pytest.approx(arrival + 0.4 - 0.13 + 1.5 * 0.05, abs=1e-3)
+    assert pr["step_s"] == pytest.approx(pr["compute_s"] + pr["exposed_s"])
+
+
 def test_factors_are_not_offered_when_they_are_larger_than_the_weight():
     plan = make_plan(synthetic_profile(batch=4096), workers=4, servers=1, worker_bps=1e7)
     assert next(l for l in plan.layers if l.name == "fc1").method != "sf"

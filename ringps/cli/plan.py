@@ -70,15 +70,17 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.servers} server(s), links {args.net}; compute x{contention:.1f} for "
                   f"{args.workers + args.servers} processes on {os.cpu_count()} cores")
     t = Table("priority", "layer", "kind", "params", "fwd", "bwd", "method", "servers (entries)", "up / step",
-              "down / step", "link time", "cpu")
+              "down / step", "link time", "cpu: push / reply / server")
     for l in plan.layers:
         link = max(args.workers * max(l.up_bytes, l.down_bytes) / (args.servers * bps), (l.up_bytes + l.down_bytes) / bps)
-        t.add_row(str(l.priority), l.name, l.kind, f"{l.params:,}", _ms(l.forward_s * contention),
-                  _ms(l.backward_s * contention), l.method, ", ".join(f"{s}: {n:,}" for s, n in l.servers),
-                  f"{l.up_bytes / 1e6:.2f} MB", f"{l.down_bytes / 1e6:.2f} MB", _ms(link), _ms(l.cpu_s))
+        t.add_row(str(l.priority), l.name, l.kind, f"{l.params:,}", _ms(l.forward_s),
+                  _ms(l.backward_s), l.method, ", ".join(f"{s}: {n:,}" for s, n in l.servers),
+                  f"{l.up_bytes / 1e6:.2f} MB", f"{l.down_bytes / 1e6:.2f} MB", _ms(link),
+                  f"{_ms(l.cpu_s)} / {_ms(l.replay_s)} / {_ms(l.server_s)}")
     console.print(t)
     for label, p in (("auto (this plan)", plan), ("off (all dense, after the backward)", off)):
         pr = p.predict()
-        console.print(f"predicted step, {label}: {pr['step_s']:.2f} s  (compute {pr['compute_s']:.2f} s, own link "
-                      f"{pr['own_link_s']:.2f} s, server link {pr['server_link_s']:.2f} s)")
+        console.print(f"predicted step, {label}: {pr['step_s']:.2f} s  (compute {pr['compute_s']:.2f} s + exposed "
+                      f"{pr['exposed_s']:.2f} s; bounds: own link {pr['own_link_s']:.2f} s, server link "
+                      f"{pr['server_link_s']:.2f} s, server cpu {pr['server_cpu_s']:.2f} s)")
     return 0

@@ -19,6 +19,8 @@ class ProgressView:
         self._buf = ""
         self.loss: Optional[float] = None
         self.accuracy: Optional[float] = None
+        self.total: Optional[int] = None
+        self.done = 0
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -50,10 +52,14 @@ class ProgressView:
         for row in self._new_rows():
             kind = row.get("kind")
             if kind == "start":
+                self.total = row["steps"]
                 self.progress.update(self.task, total=row["steps"])
             elif kind == "step":
+                # the job's progress (an asynchronous worker's own count may run past its share)
                 self.loss = row["loss"]
-                self.progress.update(self.task, completed=row["step"])
+                done = max(self.done, row.get("progress", row["step"]))
+                self.done = done if self.total is None else min(done, self.total)
+                self.progress.update(self.task, completed=self.done)
             elif kind == "eval":
                 self.accuracy = row["accuracy"]
         parts = []

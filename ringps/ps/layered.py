@@ -70,15 +70,17 @@ def layer_specs(model: nn.Module, plan, layout, density: float) -> list[LayerSpe
     return specs
 
 
-def sf_gradient(spec: LayerSpec, factors: torch.Tensor, rows: int) -> torch.Tensor:
-    """(delta, x, bias grad) -> the layer's flat gradient [weight, bias] = [delta^T x, bias grad]."""
+def sf_gradient(spec: LayerSpec, factors: torch.Tensor, rows: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(delta, x, bias grad) -> the layer's flat gradient [weight, bias] = [delta^T x, bias grad],
+    written into `out` when given (a 40 MB layer is rebuilt per update: no extra copies)."""
     o, i = spec.out_features, spec.in_features
+    g = out if out is not None else torch.empty(spec.numel)
     delta = factors[: rows * o].view(rows, o)
     x = factors[rows * o : rows * (o + i)].view(rows, i)
-    parts = [(delta.t() @ x).reshape(-1)]
+    torch.mm(delta.t(), x, out=g[: spec.weight_numel].view(o, i))
     if spec.numel > spec.weight_numel:
-        parts.append(factors[rows * (o + i) : rows * (o + i) + o])
-    return torch.cat(parts)
+        g[spec.weight_numel :].copy_(factors[rows * (o + i) : rows * (o + i) + o])
+    return g
 
 
 def sf_size(spec: LayerSpec, rows: int) -> int:
@@ -105,6 +107,7 @@ class LayeredClient:
         self._inputs: dict[int, torch.Tensor] = {}
         self._deltas: dict[int, torch.Tensor] = {}
         self._pending: dict[int, int] = {}
+        self._buffers: dict[int, torch.Tensor] = {}
         self._hooks = []
         self._install()
 
@@ -216,10 +219,17 @@ class LayeredClient:
             for _ in range(h.rows):
                 rows, lr, scale = int(body[at]), float(body[at + 1]), float(body[at + 2])
                 n = sf_size(spec, rows)
-                g = sf_gradient(spec, body[at + 3 : at + 3 + n], rows).mul_(scale)
+                g = sf_gradient(spec, body[at + 3 : at + 3 + n], rows, self._scratch(spec))
+                if scale != 1.0:
+                    g.mul_(scale)
                 sgd_step(view, self.momenta[spec.index], g, lr, self.mu, self.wd)
                 at += 3 + n
         self.versions[spec.index] = h.version
+
+    def _scratch(self, spec: LayerSpec) -> torch.Tensor:
+        if spec.index not in self._buffers:
+            self._buffers[spec.index] = torch.empty(spec.numel)
+        return self._buffers[spec.index]
 
     # -- driving -------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -260,6 +270,7 @@ class LayerServer(Server):
         self.specs = specs
         self.layer_version = [0] * len(specs)
         self.logs = {s.index: deque() for s in specs if s.method == "sf"}  # (version after, entry tensor)
+        self._scratch: dict[tuple, torch.Tensor] = {}  # (worker, layer) -> gradient buffer of an sf layer
         # the version each worker's copy of each layer has (None: never synced, send a refresh)
         self.known: dict[int, list] = {w: [None] * len(specs) for w in self.workers}
         self._staleness: dict[int, int] = {}  # the largest layer staleness of each worker's current step
@@ -280,6 +291,12 @@ class LayerServer(Server):
         s = self.shard
         view = s.values[spec.start : spec.start + spec.numel]
         mom = s.momentum[spec.start : spec.start + spec.numel]
+        g = None
+        if spec.method == "sf":  # rebuilt outside the lock, in this worker's own buffer
+            key = (worker, spec.index)
+            if key not in self._scratch:
+                self._scratch[key] = torch.empty(spec.numel)
+            g = sf_gradient(spec, payload, h.rows, self._scratch[key])
         with s.cond:
             staleness = self.layer_version[spec.index] - h.version
             verdict = self.policy.judge(staleness)
@@ -287,7 +304,6 @@ class LayerServer(Server):
                 # the lr travels in the factor log as float32: apply exactly that value here too
                 lr = float(torch.tensor(h.lr * verdict.lr_scale * self.push_share, dtype=torch.float32))
                 if spec.method == "sf":
-                    g = sf_gradient(spec, payload, h.rows)
                     self.logs[spec.index].append((self.layer_version[spec.index] + 1,
                                                   torch.cat([torch.tensor([h.rows, lr, 1.0]), payload])))
                     while len(self.logs[spec.index]) > LOG_LIMIT:

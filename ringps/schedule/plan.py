@@ -10,9 +10,16 @@ cost model:
   it applied; a pull returns the factors since the worker's version, which it replays through the
   same SGD step, so its copy stays exactly the server's;
 the priority (layers the next forward needs first come back first), and the partition (which
-server shards hold the layer). `Plan.predict` gives the step time the cost model expects: an
-asynchronous worker's step is bounded by its compute, by its own link, and by its share of the
-server's link, which every worker crosses.
+server shards hold the layer).
+
+`Plan.predict` gives the step time the cost model expects. With wait-free pushes and priority
+replies (overlap), a worker's step is its forward and backward plus what the next forward
+cannot hide: the replies start when the step's last push is in, arrive in priority order over
+the worker's link, and a sufficient-factor layer's reply is replayed (n updates, each a rebuild
+and an SGD step) before that layer's forward can run; the forward of the layers before it
+covers part of that. A reply also waits, on average, behind half the other workers' updates
+that the server applies under the shard lock. The step is further bounded by the server's link,
+which every worker crosses, by the worker's own link, and by the server's CPU.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ class LayerPlan:
     servers: list[tuple[int, int]]  # (server, entries of this layer on it)
     up_bytes: float  # per worker step
     down_bytes: float
-    cpu_s: float  # worker + server CPU the method adds per worker step
+    cpu_s: float  # CPU the method adds to the worker's backward (encoding its gradient)
+    replay_s: float = 0.0  # CPU to take in one reply (copy, or replay n factor updates), comm thread
+    server_s: float = 0.0  # server CPU per push of this layer (decode, rebuild, SGD step)
+    lock_s: float = 0.0  # the part of it under the shard lock (the SGD step)
     forward_s: float = 0.0
     backward_s: float = 0.0
     in_features: int = 0
@@ -67,15 +77,26 @@ class Plan:
         own = up / self.worker_bps + down / self.worker_bps  # this worker's transfers, in turn
         # every worker crosses the servers' links; each server carries its share
         server = n * max(up, down) / (s * self.server_bps)
-        msgs = (2 * len(self.layers) if self.overlap else 2) * self.latency_s
+        applies = sum(l.server_s for l in self.layers)  # server CPU per push
+        server_cpu = n * applies / s
+        queue = (n - 1) / 2 * sum(l.lock_s for l in self.layers) / s  # a reply waits behind half the others' updates
         compute = self.compute_s + cpu
         if self.overlap:
-            # pushes leave during the backward and pulls land during the next forward: only the
-            # part of the transfers that the compute cannot cover shows
-            step = max(compute + msgs, server, own)
+            # replies land in priority order; each layer's forward waits for its own (replayed) reply
+            rate = min(self.worker_bps, self.server_bps)
+            exposed, arrived, replayed, forward = 0.0, self.latency_s, 0.0, 0.0
+            for l in sorted(self.layers, key=lambda l: l.priority):
+                arrived += l.down_bytes / rate
+                replayed = max(replayed, arrived) + l.replay_s  # one thread receives and replays
+                exposed = max(exposed, replayed - forward)
+                forward += l.forward_s
+            exposed += queue + 2 * len(self.layers) * self.latency_s
+            step = max(compute + exposed, server, own, server_cpu)
         else:
-            step = max(compute + own + msgs, server)
-        return {"step_s": step, "compute_s": compute, "own_link_s": own, "server_link_s": server}
+            exposed = own + 2 * self.latency_s + applies + queue + sum(l.replay_s for l in self.layers)
+            step = max(compute + exposed, server, server_cpu)
+        return {"step_s": step, "compute_s": compute, "exposed_s": exposed, "own_link_s": own,
+                "server_link_s": server, "server_cpu_s": server_cpu}
 
 
 def sf_eligible(lp: "LayerLike", batch: int) -> bool:
@@ -88,23 +109,37 @@ class LayerLike:  # the fields of a profile layer that the planner reads
     out_features: int
 
 
-def method_cost(method: str, params: int, layer, batch: int, n: int, density: float, p: CostParams) -> Optional[tuple[float, float, float]]:
-    """(up bytes, down bytes, cpu seconds) per worker step, or None when the method does not apply."""
+@dataclass
+class MethodCost:
+    up: float  # bytes per worker step
+    down: float
+    cpu: float  # seconds on the worker's backward
+    replay: float  # seconds to take in the reply
+    server: float  # server seconds per push
+    lock: float  # the part of it under the shard lock
+
+
+def method_cost(method: str, params: int, layer, batch: int, n: int, density: float, p: CostParams) -> Optional[MethodCost]:
+    """What one worker step of this layer costs by `method`, or None when the method does not apply.
+    The update and rebuild times come from the profile where it measured them."""
+    update = getattr(layer, "update_s", 0.0) or 4 * params * p.pass_s
     if method == "dense":
-        return params * 4, params * 4, 3 * params * p.pass_s
+        return MethodCost(params * 4, params * 4, params * p.pass_s, params * p.pass_s, update, update)
     if method == "fp16":
-        return params * 2, params * 4, 4 * params * p.pass_s
+        return MethodCost(params * 2, params * 4, 2 * params * p.pass_s, params * p.pass_s, update + params * p.pass_s,
+                          update)
     if method == "topk":
         k = max(1, int(density * params))
-        return k * 8, params * 4, params * (p.select_s + 2 * p.pass_s) + k * p.scatter_s
+        return MethodCost(k * 8, params * 4, params * (p.select_s + 2 * p.pass_s) + k * p.scatter_s, params * p.pass_s,
+                          update + params * p.pass_s + k * p.scatter_s, update + params * p.pass_s + k * p.scatter_s)
     if method == "sf":
         if not sf_eligible(layer, batch):
             return None
         factors = batch * (layer.in_features + layer.out_features) * 4 + layer.out_features * 4
-        rebuild = batch * layer.in_features * layer.out_features * p.flop_s + 3 * params * p.pass_s
-        # down: the factors of every update applied since this worker's last pull (about n);
-        # cpu: the server rebuilds each gradient once, the worker replays each of the n updates
-        return factors, n * factors, rebuild * (1 + n)
+        rebuild = getattr(layer, "rebuild_s", 0.0) or batch * layer.in_features * layer.out_features * p.flop_s
+        # down: the factors of every update applied since this worker's last pull (about n), each
+        # replayed: rebuilt and stepped; the server rebuilds and steps each push once
+        return MethodCost(factors, n * factors, 0.0, n * (rebuild + update), rebuild + update, update)
     raise KeyError(method)
 
 
@@ -129,14 +164,15 @@ def make_plan(profile: Profile, workers: int, servers: int, worker_bps: float, s
             c = method_cost(m, lp.params, lp, profile.batch, workers, density, p)
             if c is None:
                 continue
-            up, down, cpu = c
             # the layer's share of the step: the busiest link it loads, plus its CPU
-            t = max(workers * max(up, down) / (max(1, servers) * server_bps), (up + down) / worker_bps) + cpu
+            t = max(workers * max(c.up, c.down) / (max(1, servers) * server_bps), (c.up + c.down) / worker_bps,
+                    workers * c.server / max(1, servers) * contention) + (c.cpu + c.replay) * contention
             if t < best_t:
                 best, best_t = m, t
-        up, down, cpu = method_cost(best, lp.params, lp, profile.batch, workers, density, p)
-        layers.append(LayerPlan(lp.name, lp.kind, lp.params, best, priority, pieces, up, down, cpu,
-                                lp.forward_s, lp.backward_s, lp.in_features, lp.out_features))
+        c = method_cost(best, lp.params, lp, profile.batch, workers, density, p)
+        layers.append(LayerPlan(lp.name, lp.kind, lp.params, best, priority, pieces, c.up, c.down,
+                                c.cpu * contention, c.replay * contention, c.server * contention, c.lock * contention,
+                                lp.forward_s * contention, lp.backward_s * contention, lp.in_features, lp.out_features))
     return Plan(layers, workers, servers, worker_bps, server_bps, profile.step_s * contention, p.latency,
                 overlap=overlap)
 

@@ -5,6 +5,12 @@ which its communication can hide).
 Forward time comes from forward pre/post hooks on each module that owns parameters; backward
 time from the moments the parameters' gradients become ready (post-accumulate-grad hooks), which
 works with in-place activations, unlike module backward hooks. Medians over a few repetitions.
+
+The CPU a parameter server spends per update is measured too, on the layer's real sizes: one
+momentum-SGD step over its parameters (`update_s`) and, for a fully connected layer, rebuilding
+its weight gradient from sufficient factors, delta^T x (`rebuild_s`). A worker replays both for
+every update of a sufficient-factor layer it pulls, on the path of its next forward, so guessing
+them from a per-element constant measured on small cache-resident tensors under-predicts the step.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ class LayerProfile:
     shape: tuple = ()  # weight shape (out, in[, kh, kw])
     in_features: int = 0
     out_features: int = 0
+    update_s: float = 0.0  # one momentum-SGD step over this layer's parameters (0: not measured)
+    rebuild_s: float = 0.0  # fc: delta^T x for one batch (0: not measured)
 
 
 @dataclass
@@ -50,6 +58,34 @@ def _kind(m: nn.Module) -> str:
     if isinstance(m, nn.modules.conv._ConvNd):
         return "conv"
     return "other"
+
+
+def _median_time(fn, reps: int = 3) -> float:
+    fn()  # warm-up: allocations, caches
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def update_costs(params: int, batch: int, in_features: int, out_features: int) -> tuple[float, float]:
+    """(update_s, rebuild_s) measured with the operations the server and a replaying worker run:
+    the momentum-SGD step with weight decay (what ringps.ps.server.sgd_step does) and delta^T x."""
+    values, momentum, grad = torch.zeros(params), torch.zeros(params), torch.zeros(params)
+
+    def update() -> None:
+        grad.add_(values, alpha=5e-4)
+        momentum.mul_(0.9).add_(grad)
+        values.add_(momentum, alpha=-0.01)
+
+    rebuild = 0.0
+    if in_features:
+        delta, x = torch.randn(batch, out_features), torch.randn(batch, in_features)
+        out = grad[: in_features * out_features].view(out_features, in_features)
+        rebuild = _median_time(lambda: torch.mm(delta.t(), x, out=out))
+    return _median_time(update), rebuild
 
 
 def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reps: int = 3) -> Profile:
@@ -105,12 +141,15 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     for n, m in owners:
         ps = list(m.parameters(recurse=False))
         w = getattr(m, "weight", None)
+        params = sum(p.numel() for p in ps)
+        fin, fout = getattr(m, "in_features", 0), getattr(m, "out_features", 0)
+        update_s, rebuild_s = update_costs(params, int(inputs.shape[0]), fin, fout)
         layers.append(LayerProfile(
-            name=n, kind=_kind(m), params=sum(p.numel() for p in ps),
+            name=n, kind=_kind(m), params=params,
             param_bytes=sum(p.numel() * p.element_size() for p in ps),
             forward_s=statistics.median(fwd[n]) if fwd[n] else 0.0, backward_s=bwd.get(n, 0.0),
             shape=tuple(w.shape) if w is not None else (),
-            in_features=getattr(m, "in_features", 0), out_features=getattr(m, "out_features", 0),
+            in_features=fin, out_features=fout, update_s=update_s, rebuild_s=rebuild_s,
         ))
     overlap = {p: max(0.0, bwd_total - t) for p, t in ready_at.items()}
     return Profile(layers, statistics.median(totals_f), bwd_total, int(inputs.shape[0]), overlap)
