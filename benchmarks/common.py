@@ -125,6 +125,14 @@ def verdict(lines: list[tuple[str, bool, str]]) -> list[str]:
     return out
 
 
+def finish(out: Path, lines: list[str], checks: list[tuple[str, bool, str]]) -> None:
+    """Print the verdict on each bar, then write report.txt: the summary lines and the verdicts."""
+    for line in verdict(checks):
+        console.print(line)
+        lines.append(line)
+    write_report(out, "\n".join(lines) + "\n")
+
+
 def write_report(out: Path, text: str) -> None:
     (out / "report.txt").write_text(text)
     console.print(f"\nresults: {out}/results.json, {out}/report.txt")

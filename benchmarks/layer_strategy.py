@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common import add_out_arg, console, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, finish, med, run_matrix, table
 
 SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}}
 CONTENDERS = {"off": {"layer_strategy": "off"}, "auto": {"layer_strategy": "auto"}}
@@ -59,10 +59,7 @@ def main() -> None:
                 err = abs(pr - measured) / measured
                 checks.append((f"{s}: plan's predicted step time ({label}) within 25% of measured", err <= 0.25,
                                f"predicted {pr:.2f}s, measured {measured:.2f}s ({err:.0%} off)"))
-    for line in verdict(checks):
-        console.print(line)
-        lines.append(line)
-    write_report(out, "\n".join(lines) + "\n")
+    finish(out, lines, checks)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import add_out_arg, console, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, finish, med, run_matrix, table
 
 CONTENDERS = ["ps-sync", "ps-async", "ps-threshold", "ps-ssp", "ps-stale-lr", "ps-dcasgd", "ps-vsgd"]
 
@@ -58,10 +58,7 @@ def main() -> None:
         best = min(peers, key=lambda c: tta[c])
         checks.append(("ps-vsgd time-to-accuracy no worse than the best of threshold, stale-lr, dcasgd",
                        tta["ps-vsgd"] <= tta[best], f"{tta['ps-vsgd']:.0f}s vs {best} {tta[best]:.0f}s"))
-    for line in verdict(checks):
-        console.print(line)
-        lines.append(line)
-    write_report(out, "\n".join(lines) + "\n")
+    finish(out, lines, checks)
 
 
 if __name__ == "__main__":
