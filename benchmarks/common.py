@@ -23,6 +23,7 @@ from rich.table import Table  # noqa: E402
 
 from ringps.config import load_config  # noqa: E402
 from ringps.launch.run import run_job  # noqa: E402
+from ringps.train.summary import refresh_summary  # noqa: E402
 
 console = Console(width=170)
 
@@ -50,7 +51,7 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
                 t0 = time.time()
                 previous = Path(opts["out"]) / "summary.json"
                 if previous.exists():
-                    s = json.loads(previous.read_text())
+                    s = refresh_summary(Path(opts["out"]))  # recomputed with today's definitions
                     s.setdefault("run_dir", opts["out"])
                     console.print("    (read back from an earlier run of this benchmark)")
                 else:
@@ -74,7 +75,7 @@ def strip(results: dict) -> dict:
     keep = ("label", "strategy", "time_to_accuracy_s", "final_accuracy", "best_accuracy", "wall_s", "utilization",
             "step_s_median", "pushes_applied", "pushes_dropped", "max_applied_staleness", "staleness_histogram",
             "bytes_sent_per_step", "compute_s_per_step", "comm_s_per_step", "wait_s_per_step", "loss_spikes",
-            "steps", "net", "slowdown", "run_dir", "diverged", "strategy_stats")
+            "steps", "net", "slowdown", "run_dir", "diverged", "strategy_stats", "accuracy_setbacks")
     return {s: {c: [{k: r.get(k) for k in keep} for r in runs] for c, runs in cs.items()} for s, cs in results.items()}
 
 
@@ -93,7 +94,7 @@ def spread(runs: list[dict], key: str) -> str:
 COLUMNS = [("time-to-acc s", "time_to_accuracy_s", True), ("final acc", "final_accuracy", False),
            ("wall s", "wall_s", True), ("step s", "step_s_median", True), ("utilization", "utilization", True),
            ("MB/step", "bytes_sent_per_step", True), ("comm s/step", "comm_s_per_step", False),
-           ("spikes", "loss_spikes", False)]
+           ("spikes", "loss_spikes", False), ("setbacks", "accuracy_setbacks", False)]
 
 
 def table(title: str, runs_by: dict[str, list[dict]], ref: str) -> Table:

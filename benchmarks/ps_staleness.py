@@ -39,7 +39,7 @@ def main() -> None:
     for c, rs in runs.items():
         pushes = [r.get("strategy_stats", {}) for r in rs]
         lines.append(f"{c}: median time-to-accuracy {med(rs, 'time_to_accuracy_s')}, final {med(rs, 'final_accuracy')}, "
-                     f"spikes {med(rs, 'loss_spikes')}")
+                     f"spikes {med(rs, 'loss_spikes')}, accuracy setbacks {med(rs, 'accuracy_setbacks')}")
     checks = []
     tta = {c: med(rs, "time_to_accuracy_s") for c, rs in runs.items()}
     acc = {c: med(rs, "final_accuracy") for c, rs in runs.items()}

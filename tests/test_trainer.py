@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ringps.train.summary import loss_spikes, split_wait
+from ringps.train.summary import accuracy_setbacks, loss_spikes, split_wait
 from ringps.train.trainer import Clock, lr_factor
 
 
@@ -49,6 +49,16 @@ def test_loss_spikes():
     assert loss_spikes(flat[:25] + [2.0] + flat[:4]) == 1
     assert loss_spikes([0.01] * 25 + [0.03]) == 0  # tiny losses: below the absolute floor
     assert loss_spikes([1.0] * 25 + ["inf"]) == 1
+    # near convergence: 0.1 -> 0.3 is 3x, but small against a starting loss of 3.7
+    assert loss_spikes([3.7] * 20 + [0.1] * 25 + [0.3]) == 0
+    assert loss_spikes([3.7] * 20 + [0.1] * 25 + [1.0]) == 1
+
+
+def test_accuracy_setbacks():
+    assert accuracy_setbacks([0.1, 0.3, 0.5, 0.9, 0.95]) == 0
+    assert accuracy_setbacks([0.1, 0.29, 0.03, 0.02, 0.1, 0.3, 0.5]) == 1  # one collapse, recovered
+    assert accuracy_setbacks([0.5, 0.3, 0.5, 0.3]) == 2  # fell, recovered, fell again
+    assert accuracy_setbacks([0.9, 0.85, 0.88]) == 0  # within 10 points of the best
 
 
 @pytest.mark.slow

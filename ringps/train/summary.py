@@ -20,6 +20,11 @@ import yaml
 from ringps.train.metrics import rank_files, read_rows
 
 SPIKE_FACTOR, SPIKE_WINDOW, SPIKE_FLOOR = 1.5, 20, 0.05
+# a spike must also rise this fraction of the worker's starting loss above the recent median:
+# near convergence the minibatch loss alone swings by more than 1.5x (a synchronous run, which
+# averages every gradient, counted 20+ "spikes" with the absolute floor alone)
+SPIKE_RELATIVE = 0.2
+SETBACK_POINTS = 0.10  # a test accuracy this far below the best so far is a setback
 
 
 def load_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -46,9 +51,12 @@ def split_wait(steps: list[dict[str, Any]], synchronous: bool) -> None:
         r["wait_s"], r["comm_s"] = wait, blocked - wait
 
 
-def loss_spikes(losses: list[float]) -> int:
+def loss_spikes(losses: list) -> int:
     """Steps whose loss exceeds 1.5x the median of the previous 20 steps of the same worker, by at
-    least 0.05 (near zero loss, batch noise alone is more than 1.5x)."""
+    least max(0.05, 0.2 x the median of its first 20 steps): a jump that is large against the
+    task's loss scale, not minibatch noise near zero. NaN and inf count too."""
+    numbers = [x for x in losses[:SPIKE_WINDOW] if isinstance(x, (int, float))]
+    floor = max(SPIKE_FLOOR, SPIKE_RELATIVE * statistics.median(numbers)) if numbers else SPIKE_FLOOR
     spikes = 0
     for i in range(SPIKE_WINDOW, len(losses)):
         window = [x for x in losses[i - SPIKE_WINDOW : i] if isinstance(x, (int, float))]
@@ -58,9 +66,23 @@ def loss_spikes(losses: list[float]) -> int:
         if not window:
             continue
         med = statistics.median(window)
-        if losses[i] > SPIKE_FACTOR * med and losses[i] > med + SPIKE_FLOOR:
+        if losses[i] > SPIKE_FACTOR * med and losses[i] > med + floor:
             spikes += 1
     return spikes
+
+
+def accuracy_setbacks(accuracies: list[float]) -> int:
+    """Times the test accuracy fell 10 points or more below its best so far (a collapse that
+    builds up over several steps, which a per-step spike test does not see); counted once per fall."""
+    best, down, setbacks = 0.0, False, 0
+    for a in accuracies:
+        if a <= best - SETBACK_POINTS:
+            setbacks += 0 if down else 1
+            down = True
+        else:
+            down = a < best - SETBACK_POINTS / 2 and down  # recovered once back near the best
+        best = max(best, a)
+    return setbacks
 
 
 def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -117,6 +139,7 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
         "comm_s_per_step": sum(p["comm_s"] for p in pw) / n_steps if n_steps else None,
         "wait_s_per_step": sum(p["wait_s"] for p in pw) / n_steps if n_steps else None,
         "loss_spikes": sum(p["loss_spikes"] for p in pw),
+        "accuracy_setbacks": accuracy_setbacks([r["accuracy"] for r in evals]),
         "diverged": any(x is None or isinstance(x, str) for x in losses),
         "per_worker": per_worker,
         **{k: v for k, v in extra.items()},
@@ -141,6 +164,16 @@ def finalize(run_dir: Path, extra: Optional[dict[str, Any]] = None) -> dict[str,
             f.write(json.dumps(r) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+LAUNCHER_KEYS = ("synchronous", "launcher", "placement", "job_s", "failed_workers", "run_dir", "host_bytes")
+
+
+def refresh_summary(run_dir: Path) -> dict[str, Any]:
+    """Recompute summary.json of a finished run with this version's definitions (spikes, ...),
+    keeping what only the launcher knew (placement, job time, failures)."""
+    old = load_summary(run_dir)
+    return finalize(run_dir, {k: old[k] for k in LAUNCHER_KEYS if k in old})
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
