@@ -126,19 +126,23 @@ def shared_run_dir(cfg: Config, rank: int) -> Path:
 
 
 def finish(cfg: Config, run_dir: Path, rank: int, world: int, managed: bool, strategy) -> None:
-    """Tell the others this rank is done; under torchrun rank 0 then writes the summary."""
+    """Write this rank's strategy figures; under torchrun, tell the others this rank is done, and
+    rank 0 (which hosts the store) waits for all of them, then writes the summary. Under the local
+    launcher the launcher waits for every process and writes the summary: no rank touches the
+    store here, since rank 0 may already have exited and taken the store with it."""
     from ringps.train.summary import finalize
 
-    store = dist.distributed_c10d._get_default_store()
-    store.add(DONE_KEY, 1)
     extra = strategy.summary()
     if extra:
         (run_dir / "ranks" / f"rank{rank}.summary.yaml").write_text(yaml.safe_dump(extra))
-    if not managed and rank == 0:
-        deadline = time.monotonic() + cfg.run.timeout
-        while store.add(DONE_KEY, 0) < world and time.monotonic() < deadline:
-            time.sleep(0.2)
-        finalize(run_dir, {"synchronous": strategy.synchronous, "launcher": "torchrun"})
+    if not managed:
+        store = dist.distributed_c10d._get_default_store()
+        store.add(DONE_KEY, 1)
+        if rank == 0:
+            deadline = time.monotonic() + cfg.run.timeout
+            while store.add(DONE_KEY, 0) < world and time.monotonic() < deadline:
+                time.sleep(0.2)
+            finalize(run_dir, {"synchronous": strategy.synchronous, "launcher": "torchrun"})
     dist.destroy_process_group()
 
 
