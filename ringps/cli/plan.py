@@ -70,13 +70,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.servers} server(s), links {args.net}; compute x{contention:.1f} for "
                   f"{args.workers + args.servers} processes on {os.cpu_count()} cores")
     t = Table("priority", "layer", "kind", "params", "fwd", "bwd", "method", "servers (entries)", "up / step",
-              "down / step", "link time", "cpu: push / reply / server")
+              "down / step", "link time", "cpu ms push/reply/server")
     for l in plan.layers:
         link = max(args.workers * max(l.up_bytes, l.down_bytes) / (args.servers * bps), (l.up_bytes + l.down_bytes) / bps)
         t.add_row(str(l.priority), l.name, l.kind, f"{l.params:,}", _ms(l.forward_s),
                   _ms(l.backward_s), l.method, ", ".join(f"{s}: {n:,}" for s, n in l.servers),
                   f"{l.up_bytes / 1e6:.2f} MB", f"{l.down_bytes / 1e6:.2f} MB", _ms(link),
-                  f"{_ms(l.cpu_s)} / {_ms(l.replay_s)} / {_ms(l.server_s)}")
+                  f"{l.cpu_s * 1e3:.0f}/{l.replay_s * 1e3:.0f}/{l.server_s * 1e3:.0f}")
     console.print(t)
     for label, p in (("auto (this plan)", plan), ("off (all dense, after the backward)", off)):
         pr = p.predict()
