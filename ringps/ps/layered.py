@@ -83,6 +83,13 @@ def sf_gradient(spec: LayerSpec, factors: torch.Tensor, rows: int, out: Optional
     return g
 
 
+def scratch(buffers: dict, key, numel: int) -> torch.Tensor:
+    """A reused gradient buffer per key: a 40 MB layer is not reallocated per update."""
+    if key not in buffers:
+        buffers[key] = torch.empty(numel)
+    return buffers[key]
+
+
 def sf_size(spec: LayerSpec, rows: int) -> int:
     return rows * (spec.out_features + spec.in_features) + (spec.numel - spec.weight_numel)
 
@@ -219,17 +226,12 @@ class LayeredClient:
             for _ in range(h.rows):
                 rows, lr, scale = int(body[at]), float(body[at + 1]), float(body[at + 2])
                 n = sf_size(spec, rows)
-                g = sf_gradient(spec, body[at + 3 : at + 3 + n], rows, self._scratch(spec))
+                g = sf_gradient(spec, body[at + 3 : at + 3 + n], rows, scratch(self._buffers, spec.index, spec.numel))
                 if scale != 1.0:
                     g.mul_(scale)
                 sgd_step(view, self.momenta[spec.index], g, lr, self.mu, self.wd)
                 at += 3 + n
         self.versions[spec.index] = h.version
-
-    def _scratch(self, spec: LayerSpec) -> torch.Tensor:
-        if spec.index not in self._buffers:
-            self._buffers[spec.index] = torch.empty(spec.numel)
-        return self._buffers[spec.index]
 
     # -- driving -------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -293,10 +295,7 @@ class LayerServer(Server):
         mom = s.momentum[spec.start : spec.start + spec.numel]
         g = None
         if spec.method == "sf":  # rebuilt outside the lock, in this worker's own buffer
-            key = (worker, spec.index)
-            if key not in self._scratch:
-                self._scratch[key] = torch.empty(spec.numel)
-            g = sf_gradient(spec, payload, h.rows, self._scratch[key])
+            g = sf_gradient(spec, payload, h.rows, scratch(self._scratch, (worker, spec.index), spec.numel))
         with s.cond:
             staleness = self.layer_version[spec.index] - h.version
             verdict = self.policy.judge(staleness)
