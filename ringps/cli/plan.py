@@ -38,7 +38,7 @@ def _ms(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ringps.cost import CostParams, calibrate_cpu
+    from ringps.cost import CostParams, calibrate_cpu, contention
     from ringps.data import load_dataset
     from ringps.data.loader import ShardedLoader
     from ringps.models import build_model
@@ -60,14 +60,14 @@ def run(args: argparse.Namespace) -> int:
     batch = next(iter(ShardedLoader(data.train, 0, 1, args.batch_size, 0).epoch(0)))
     prof = profile_model(model, batch.inputs, batch.targets)
     cost = CostParams(bandwidth=bps, latency=2e-4, **calibrate_cpu())
-    contention = max(1.0, (args.workers + args.servers) * args.threads / (os.cpu_count() or 1))
+    factor = contention(args.workers + args.servers, args.threads)
     bounds = Layout.of(model, args.servers).bounds()
-    plan = make_plan(prof, args.workers, args.servers, bps, bps, cost, args.density, contention=contention,
+    plan = make_plan(prof, args.workers, args.servers, bps, bps, cost, args.density, contention=factor,
                      shard_bounds=bounds)
-    off = dense_plan(prof, args.workers, args.servers, bps, bps, cost, contention=contention)
+    off = dense_plan(prof, args.workers, args.servers, bps, bps, cost, contention=factor)
     console = wide_console()
     console.print(f"{args.model} on {args.dataset}, batch {args.batch_size} per worker, {args.workers} workers, "
-                  f"{args.servers} server(s), links {args.net}; compute x{contention:.1f} for "
+                  f"{args.servers} server(s), links {args.net}; compute x{factor:.1f} for "
                   f"{args.workers + args.servers} processes on {os.cpu_count()} cores")
     t = Table("priority", "layer", "kind", "params", "fwd", "bwd", "method", "servers (entries)", "up / step",
               "down / step", "link time", "cpu ms push/reply/server")
