@@ -120,6 +120,20 @@ def test_vsgd_weight_is_one_at_zero_distance_and_falls():
         assert ws[0] == 1.0 and ws == sorted(ws, reverse=True)
 
 
+def test_vsgd_relative_weight_keeps_typical_pushes_whole_and_weighs_down_far_ones():
+    policy = POLICIES.build("vsgd", config(vsgd_weight="relative:2"))
+    assert policy.judge_values([0.5, 0.5]).weights == (1.0, 1.0)  # nothing typical yet: whole steps
+    for i in range(64):  # typical distances: 0.01 for the first tensor, 0.1 for the second
+        policy.judge_values([0.01 * (1 + (i % 3 - 1) * 0.1), 0.1])
+    assert policy.weights([0.0, 0.0]) == [1.0, 1.0]
+    assert policy.weights([0.02, 0.2]) == [1.0, 1.0]  # up to K x the median: whole
+    ws = policy.weights([0.04, 0.4])
+    assert ws == pytest.approx([0.5, 0.5])  # beyond: K x median / d
+    assert policy.weights([0.4, 4.0]) == pytest.approx([0.05, 0.05])
+    verdict = policy.judge_values([0.04, 0.1])
+    assert verdict.apply and verdict.weights == pytest.approx((0.5, 1.0)) and verdict.weight == pytest.approx(0.75)
+
+
 def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
     server, layout = make_server("vsgd", vsgd_drop=0.5, vsgd_weight="linear:1.0", momentum=0.0)
     pos = server.sample_pos

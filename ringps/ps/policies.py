@@ -10,11 +10,16 @@
 - `vsgd`: value staleness. Per tensor, d = ||w_now[S] - w_pulled[S]|| / (||w_now[S]|| + eps) on a
   fixed sample S of coordinates whose pulled values the worker sends along; the gradient gets
   weight f(d) (f(0) = 1, decreasing), and is dropped when d exceeds the optional drop distance.
+  With `relative:K` the scale is not fixed: it is K times the median d of the tensor's recent
+  pushes, so a gradient as fresh as usual keeps its whole step and only the unusually far ones
+  are weighed down, by K * median / d (a gradient's error grows about linearly with d).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -32,6 +37,7 @@ class Verdict:
     weight: float = 1.0  # mean weight over the shard's tensors (vsgd), for the records
     value_staleness: float = 0.0  # mean relative distance over the shard's tensors (vsgd)
     reason: str = ""
+    weights: tuple[float, ...] = ()  # vsgd: the weight of each of the shard's tensors
 
 
 class Policy:
@@ -104,7 +110,11 @@ WEIGHTS: dict[str, Callable[[float, float], float]] = {
     "inverse": lambda d, s: 1.0 / (1.0 + d / s),
     "linear": lambda d, s: max(0.0, 1.0 - d / s),
     "none": lambda d, s: 1.0,  # measures value staleness, weighs nothing (the ablation)
+    "relative": lambda d, s: 1.0 if d <= s else s / d,  # s: K x the tensor's recent median d
 }
+DEFAULT_SCALE = {"relative": 2.0}
+RECENT = 64  # pushes whose distances set a tensor's typical d (relative)
+WARMUP = 8  # fewer pushes than this seen: every weight is 1 (nothing is typical yet)
 
 
 def parse_weight(spec: str) -> tuple[str, float]:
@@ -113,7 +123,7 @@ def parse_weight(spec: str) -> tuple[str, float]:
     if name not in WEIGHTS:
         raise ValueError(f"unknown weight function {name!r}; known: {', '.join(WEIGHTS)} (as NAME:SCALE)")
     try:
-        s = float(scale) if scale else 0.01
+        s = float(scale) if scale else DEFAULT_SCALE.get(name, 0.01)
     except ValueError:
         raise ValueError(f"scale {scale!r} is not a number") from None
     if not s > 0:
@@ -130,6 +140,8 @@ class VSGD(Policy):
         self.fraction = cfg.ps.vsgd_sample
         name, self.scale = parse_weight(cfg.ps.vsgd_weight)
         self.f = WEIGHTS[name]
+        self.relative = name == "relative"
+        self.recent: list[deque] = []  # per tensor, its last RECENT distances (relative)
         self.drop = cfg.ps.vsgd_drop
 
     def distances(self, w_now: torch.Tensor, sample_pos: list[torch.Tensor], pulled: torch.Tensor) -> list[float]:
@@ -141,14 +153,31 @@ class VSGD(Policy):
             out.append(float(torch.linalg.vector_norm(now - was) / (torch.linalg.vector_norm(now) + EPS)))
         return out
 
+    def scales(self, n: int) -> list[float]:
+        if not self.relative:
+            return [self.scale] * n
+        if len(self.recent) != n or len(self.recent[0]) < WARMUP:
+            return [math.inf] * n  # every weight 1 until a typical distance is known
+        return [self.scale * statistics.median(r) for r in self.recent]
+
     def weights(self, distances: list[float]) -> list[float]:
-        return [self.f(d, self.scale) for d in distances]
+        return [self.f(d, s) for d, s in zip(distances, self.scales(len(distances)))]
+
+    def observe(self, distances: list[float]) -> None:
+        """Remember the distances (relative: they set what is typical). The server calls this under
+        its shard lock, so pushes are observed one at a time."""
+        if self.relative:
+            if len(self.recent) != len(distances):
+                self.recent = [deque(maxlen=RECENT) for _ in distances]
+            for r, d in zip(self.recent, distances):
+                r.append(d)
 
     def judge_values(self, distances: list[float]) -> Verdict:
         d = max(distances) if distances else 0.0
         w = self.weights(distances)
+        self.observe(distances)
         mean_d = sum(distances) / max(1, len(distances))
         mean_w = sum(w) / max(1, len(w))
         if self.drop is not None and d > self.drop:
             return Verdict(False, weight=0.0, value_staleness=mean_d, reason=f"value distance {d:.3g} > {self.drop:g}")
-        return Verdict(True, weight=mean_w, value_staleness=mean_d)
+        return Verdict(True, weight=mean_w, value_staleness=mean_d, weights=tuple(w))

@@ -100,8 +100,8 @@ class Server:
             if verdict.apply and isinstance(self.policy, VSGD):
                 distances = self.policy.distances(s.values, self.sample_pos, sample)
                 verdict = self.policy.judge_values(distances)
-                if verdict.apply:
-                    for piece, w in zip(self.pieces, self.policy.weights(distances)):
+                for piece, w in zip(self.pieces, verdict.weights):
+                    if w != 1.0:
                         grad[piece.start : piece.start + piece.numel].mul_(w)
             if verdict.apply:
                 backup = self.snapshot[worker] if (self.policy.needs_backup and worker in self.sent_once) else None
