@@ -186,7 +186,7 @@ class PSConfig(Section):
 
     staleness_threshold: int = Field(4, ge=0, description="T: threshold drops pushes older than T versions; ssp's bound")
     vsgd_sample: float = Field(0.01, gt=0, le=1, description="vsgd: fraction of each tensor's values sent along (at least 64)")
-    vsgd_weight: str = Field("inverse:0.01", description="vsgd: weight f(d) as NAME:SCALE, NAME in exp, inverse, linear, relative, none")
+    vsgd_weight: str = Field("relative:2", description="vsgd: weight f(d) as NAME:SCALE, NAME in exp, inverse, linear, relative, none")
     vsgd_drop: Optional[float] = Field(None, gt=0, description="vsgd: drop a push whose relative value distance exceeds this")
     dcasgd_lambda: float = Field(0.04, ge=0, description="dcasgd: delay-compensation strength")
     ps_checkpoint_every: int = Field(0, ge=0, description="servers save a checkpoint every N versions (0: never)")
