@@ -98,12 +98,20 @@ def test_killed_worker_leaves_nothing(tmp_path, no_leftovers):
 @needs_root
 def test_sigint_to_the_launcher_leaves_nothing(tmp_path, no_leftovers):
     out = tmp_path / "run"
+    # a shell that runs the suite in the background starts it with SIGINT ignored (POSIX), which
+    # the launcher would inherit: give it the default disposition, as an interactive user's has
     p = subprocess.Popen([sys.executable, "-m", "ringps", "train", *TINY, "--workers", "2", "--epochs", "500",
                           "--net", "100mbit", "--out", str(out), "--no-progress"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_steps(out, 0, 2)
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.terminate()  # the launcher cleans up on SIGTERM; leave nothing for the next test
+        p.communicate(timeout=60)
+        raise
     assert p.returncode == 130, err
     assert "interrupted" in err
 
