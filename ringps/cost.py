@@ -38,7 +38,7 @@ class CostParams:
 def contention(processes: int, threads: int = 1) -> float:
     """How much slower one process computes when `processes` processes of `threads` threads each
     share this machine's cores (1 when every thread has a core). A profile measured by one process
-    alone, times this, predicted the layer-aware steps within 10% (docs/RESULTS.md): the parameter
+    alone, times this, predicted the layer-aware steps within 20% (docs/RESULTS.md): the parameter
     server and the kernel's network stack take their share of the cores as the workers do."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1.0, processes * threads / cores)
