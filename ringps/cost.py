@@ -40,8 +40,12 @@ def contention(processes: int, threads: int = 1) -> float:
     share this machine's cores (1 when every thread has a core). A profile measured by one process
     alone, times this, predicted the layer-aware steps within 20% (docs/RESULTS.md): the parameter
     server and the kernel's network stack take their share of the cores as the workers do."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1.0, processes * threads / cores)
+    return max(1.0, processes * threads / cores())
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, which a container or taskset narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Cost(NamedTuple):

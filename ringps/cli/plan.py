@@ -9,7 +9,6 @@ of the real job (its processes per CPU core) and the links are the --net rate (o
 from __future__ import annotations
 
 import argparse
-import os
 
 from rich.table import Table
 
@@ -38,7 +37,7 @@ def _ms(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ringps.cost import CostParams, calibrate_cpu, contention
+    from ringps.cost import CostParams, calibrate_cpu, contention, cores
     from ringps.data import load_dataset
     from ringps.data.loader import ShardedLoader
     from ringps.models import build_model
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     console = wide_console()
     console.print(f"{args.model} on {args.dataset}, batch {args.batch_size} per worker, {args.workers} workers, "
                   f"{args.servers} server(s), links {args.net}; compute x{factor:.1f} for "
-                  f"{args.workers + args.servers} processes on {os.cpu_count()} cores")
+                  f"{args.workers + args.servers} processes on {cores()} cores")
     t = Table("priority", "layer", "kind", "params", "fwd", "bwd", "method", "servers (entries)", "up / step",
               "down / step", "link time", "cpu ms push/reply/server")
     for l in plan.layers:
