@@ -80,7 +80,7 @@ def exchange_cost(name: str, n: int, k: int, N: int, p: CostParams, block: int =
         nb = math.ceil(n / block)
         sent = ring_bytes(nb + k, N)
         cpu = 3 * n * p.pass_s + nb * p.select_s * 8 + 2 * k * p.scatter_s + ring_bytes(nb + k, N, 1) * p.reduce_s
-        return Cost(4 * (N - 1) * a + sent / bw, cpu, sent)
+        return Cost(2 * (N - 1) * a + sent / bw, cpu, sent)  # one all-reduce: the scores ride with the values
     if name == "sparse-rs":
         seg = n / N
         d = min(1.0, k / n)

@@ -107,6 +107,52 @@ def check_shared(world, n, k, block, res):
         assert torch.equal(out.update, res[0][0].update)
 
 
+def two_steps(rank, world):
+    from ringps.comm.sparse import SharedIndex
+
+    n, k, block = 1001, 60, 7
+    ex = SharedIndex(block)
+    accs = [torch.randn(n, generator=torch.Generator().manual_seed(rank * 10 + t)) for t in range(2)]
+    segs = [Segment(0, 700, 40, 0), Segment(700, 301, 20, 1)]
+    outs = [ex.reduce(a.clone(), segs, Given(), Ring(None, 60.0), step=t) for t, a in enumerate(accs)]
+    return outs, accs
+
+
+def block_scores(x: torch.Tensor, block: int) -> torch.Tensor:
+    nb = -(-x.numel() // block)
+    padded = torch.zeros(nb * block)
+    padded[: x.numel()] = x
+    return padded.view(nb, block).pow(2).sum(1)
+
+
+def test_shared_index_picks_the_next_blocks_from_the_residual_scores():
+    """Step 2's blocks are the top blocks of the summed scores of what step 1 left behind (the
+    scores ride with step 1's values), per segment; its values are step 2's, averaged."""
+    res = run_ranks(two_steps, 3)
+    segs, block = [(0, 700, 40), (700, 301, 20)], 7
+    first = res[0][0][0].sent
+    residual_scores = []
+    for off, numel, k in segs:
+        per_rank = []
+        for _, accs in res:
+            r = accs[0].clone()
+            r[first] = 0
+            per_rank.append(block_scores(r[off : off + numel], block))
+        residual_scores.append(sum(per_rank))
+    expected_idx = []
+    for (off, numel, k), sc in zip(segs, residual_scores):
+        top = torch.topk(sc, -(-k // block)).indices.sort().values
+        pos = (top.unsqueeze(1) * block + torch.arange(block)).flatten()
+        expected_idx.append(pos[pos < numel] + off)
+    idx = torch.cat(expected_idx)
+    mean2 = sum(accs[1] for _, accs in res) / 3
+    for outs, _ in res:
+        assert torch.equal(outs[1].sent, idx)
+        assert torch.allclose(outs[1].update[idx], mean2[idx], atol=1e-5)
+        assert int((outs[1].update != 0).sum()) == idx.numel()
+        assert torch.equal(outs[1].update, res[0][0][1].update)
+
+
 def randomk_case(rank, world):
     from ringps.comm.sparse import SharedIndex
     from ringps.compress.selectors import RandomK

@@ -62,13 +62,15 @@ def test_accuracy_setbacks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["allreduce", "ring-topk"])
-def test_resume_continues_exactly(tmp_path, strategy):
+@pytest.mark.parametrize("strategy,exchange", [("allreduce", "allgather"), ("ring-topk", "allgather"),
+                                               ("ring-topk", "shared-index")])
+def test_resume_continues_exactly(tmp_path, strategy, exchange):
     """Checkpoint at step 4, resume into a new run: step 8 is bitwise what the unbroken run had
-    (the ring-topk residuals, selector generator and loop position are all in the checkpoint)."""
+    (the ring-topk residuals, selector generator, shared-index's block scores and loop position
+    are all in the checkpoint)."""
     common = ["--dataset", "synthetic", "--synthetic-samples", "128", "--synthetic-shape", "1,8,8", "--model",
               "facenet", "--batch-size", "8", "--workers", "2", "--steps", "8", "--no-progress", "--strategy", strategy,
-              "--exchange", "allgather", "--density", "0.05", "--dense-below", "1000"]
+              "--exchange", exchange, "--density", "0.05", "--dense-below", "1000"]
 
     def run(*args):
         r = subprocess.run([sys.executable, "-m", "ringps", "train", *common, *args], capture_output=True, text=True, timeout=240)

@@ -99,19 +99,24 @@ def run_comm(args: argparse.Namespace) -> int:
     console.print(f"{n} workers, {'links ' + args.net + ' (tc tbf)' if rate else 'loopback'}; "
                   f"bound = bytes sent per worker / {link * 8 / 1e6:,.0f} Mbit/s"
                   f"{' (measured)' if not rate else ''}; times are medians of {args.repeats}")
-    t = Table("exchange", "numel", "density", "time", "select", "bytes sent", "algbw", "busbw", "bound", "time/bound")
+    t = Table("exchange", "numel", "density", "select", "time", "write", "total", "bytes sent", "algbw", "busbw",
+              "bound", "time/bound")
+    ms = lambda x: f"{x * 1e3:.1f} ms" if x else "-"  # noqa: E731
     for r in res["rows"]:
         tb = r["numel"] * 4
         algbw = tb / r["time_s"]
         busbw = algbw * 2 * (n - 1) / n if r["density"] == 1.0 else r["bytes_sent"] / r["time_s"]
         bound = r["bytes_sent"] / link
+        total = r["select_s"] + r["time_s"] + r.get("write_s", 0.0)
         mark = " *" if r.get("chosen") else ""
-        t.add_row(r["exchange"] + mark, f"{r['numel']:.0e}", f"{r['density']:g}", f"{r['time_s'] * 1e3:.1f} ms",
-                  f"{r['select_s'] * 1e3:.1f} ms" if r["select_s"] else "-", f"{r['bytes_sent'] / 1e6:.2f} MB",
-                  _gbit(algbw), _gbit(busbw), f"{bound * 1e3:.1f} ms", f"{r['time_s'] / bound:.2f}")
+        t.add_row(r["exchange"] + mark, f"{r['numel']:.0e}", f"{r['density']:g}", ms(r["select_s"]), ms(r["time_s"]),
+                  ms(r.get("write_s")), ms(total), f"{r['bytes_sent'] / 1e6:.2f} MB", _gbit(algbw), _gbit(busbw),
+                  f"{bound * 1e3:.1f} ms", f"{r['time_s'] / bound:.2f}")
     console.print(t)
-    console.print("* the sparse exchange the cost model picks. algbw: dense-equivalent bytes / time; "
-                  "sparse busbw: bytes actually sent / time.")
+    console.print("* the sparse exchange the cost model picks. select: local selection (the sampled top-k, or "
+                  "shared-index's block scores); time: the exchange proper, from the selection until every rank "
+                  "holds the sum; write: the dense average into the gradient; total: all three. algbw: "
+                  "dense-equivalent bytes / time; sparse busbw: bytes actually sent / time.")
     return 0
 
 

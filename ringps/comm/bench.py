@@ -2,9 +2,12 @@
 
     python -m ringps.comm.bench --sizes 1e6,1e7 --densities 0.01,0.001 --repeats 5   (as N ranks)
 
-For each size and density every rank draws its own gradient, the selection is made once (its
-time is reported apart), and each exchange is timed on it: gloo's all_reduce and our dense ring
-on the whole tensor, and every sparse exchange on the selection. Rank 0 prints one JSON line.
+For each size and density every rank draws its own gradient, the selection is made once, and
+each exchange is timed on it: gloo's all_reduce and our dense ring on the whole tensor, and every
+sparse exchange on the selection. A sparse exchange's three phases are timed apart: its local
+selection (`select_s`: the sampled top-k, or shared-index's block scores), the exchange proper
+(`time_s`: from the selection until every rank holds the summed contributions) and writing the
+dense average (`write_s`). Rank 0 prints one JSON line.
 """
 
 from __future__ import annotations
@@ -95,9 +98,17 @@ def main(argv: list[str]) -> int:
             chosen, _ = choose_exchange(n, k, N, params, 0.0, candidates=SPARSE, block=args.block)
             for name in SPARSE_BENCH:
                 ex = EXCHANGES.build(name, args.block) if name == "shared-index" else EXCHANGES.build(name)
-                run = lambda: ex.reduce(g, segs, PreSelected(sel), ring, 0, out)  # noqa: E731
-                rows.append({"exchange": name, "numel": n, "density": d, "bytes_sent": bytes_of(run),
-                             "time_s": timed(run, args.repeats), "select_s": select_s, "chosen": name == chosen})
+                prepare = lambda: ex.prepare(g, segs, PreSelected(sel), 0)  # noqa: E731
+                ex.combine(g, segs, prepare(), ring)  # a first step (shared-index: agrees on the first scores)
+                prepared = prepare()  # a later step's: what every step but the first does
+                combine = lambda: ex.combine(g, segs, prepared, ring)  # noqa: E731
+                sent = bytes_of(combine)
+                row = {"exchange": name, "numel": n, "density": d, "bytes_sent": sent, "chosen": name == chosen,
+                       "time_s": timed(combine, args.repeats)}
+                combined = combine()
+                row["write_s"] = timed(lambda: ex.write(g, combined, ring, out), args.repeats)
+                row["select_s"] = timed(prepare, args.repeats) if name == "shared-index" else select_s
+                rows.append(row)
     if rank == 0:
         print(json.dumps({"world": N, "latency": latency, "bandwidth": bandwidth, "rows": rows}), flush=True)
     dist.destroy_process_group()

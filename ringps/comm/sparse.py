@@ -6,10 +6,15 @@ the averaged update into `out` and returns the local positions that count as sen
 keeps the rest). `out` is reused by the caller (often the gradient itself): no per-step
 allocation of bucket-sized tensors.
 
+`reduce` runs three phases, kept apart so `ringps bench comm` can time the communication alone:
+`prepare` (local: the selection, or shared-index's block scores), `combine` (the messages: every
+rank ends with the same summed contributions) and `write` (local: the average into `out`).
+
 - `allgather`      ring all-gather of (index, value) pairs, then a scatter-add in rank order:
                    (N-1) k (b_i + b_v) bytes per worker, linear in N.
-- `shared-index`   the workers agree on one set of blocks (block norms all-reduced, the top
-                   blocks taken), then all-reduce only those values: ~2(N-1)/N (k + n/B) b_v.
+- `shared-index`   the workers agree on one set of blocks (the top blocks of the all-reduced
+                   block scores) and all-reduce only those values: ~2(N-1)/N (k + n/B) b_v, in
+                   one all-reduce per step (the scores ride with the values, one step ahead).
                    With a selector that already picks the same positions everywhere (randomk)
                    the block step is skipped.
 - `sparse-rs`      sparse ring reduce-scatter + all-gather; merged segments switch to dense
@@ -24,7 +29,7 @@ Every rank applies the same bits: sums run in rank order or each element is summ
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -42,6 +47,11 @@ class Segment(NamedTuple):
     numel: int
     k: int  # entries to send from it
     key: int  # stable id (for randomk's generator)
+    name: str = ""  # the tensor's name: keys state an exchange keeps per tensor (shared-index's scores)
+
+    @property
+    def id(self) -> str:
+        return self.name or f"#{self.key}"
 
 
 class Reduced(NamedTuple):
@@ -74,9 +84,29 @@ class Exchange:
     name = ""
     uses_selection = True  # False: sends everything (dense)
 
+    def prepare(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, step: int) -> Any:
+        """Local work before the first message (no communication): by default the selection."""
+        return select_segments(acc, segments, selector, step)
+
+    def combine(self, acc: torch.Tensor, segments: list[Segment], prepared: Any, ring: Ring) -> Any:
+        """The communication: afterwards every rank holds the same contributions."""
+        raise NotImplementedError
+
+    def write(self, acc: torch.Tensor, combined: Any, ring: Ring, out: torch.Tensor | None) -> Reduced:
+        """Local: the averaged update into `out` (dense), and the positions that went out."""
+        raise NotImplementedError
+
     def reduce(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, ring: Ring, step: int,
                out: torch.Tensor | None = None) -> Reduced:
-        raise NotImplementedError
+        prepared = self.prepare(acc, segments, selector, step)
+        return self.write(acc, self.combine(acc, segments, prepared, ring), ring, out)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the exchange carries from one step to the next (for checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def _meter_ring(ring: Ring, name: str, t: torch.Tensor) -> None:
@@ -86,11 +116,23 @@ def _meter_ring(ring: Ring, name: str, t: torch.Tensor) -> None:
         ring.meter.add(name, nbytes, nbytes)
 
 
+def _scatter_parts(parts: list[Selection], sent: torch.Tensor, acc: torch.Tensor, ring: Ring,
+                   out: torch.Tensor | None) -> Reduced:
+    """Every rank's (index, value) pairs added into a zeroed `out`, in rank order (same bits everywhere)."""
+    out = torch.zeros_like(acc) if out is None else out.zero_()
+    for p in parts:
+        out.index_add_(0, p.indices, p.values)
+    return Reduced(out.div_(ring.size), sent)
+
+
 @EXCHANGES.register("dense")
 class Dense(Exchange):
     name, uses_selection = "dense", False
 
-    def reduce(self, acc, segments, selector, ring, step, out=None):
+    def reduce(self, acc, segments, selector, ring, step, out=None):  # one phase: all-reduce in `out`
+        return self._reduce(acc, ring, out)
+
+    def _reduce(self, acc, ring, out):
         out = acc.clone() if out is None else out.copy_(acc)
         dist.all_reduce(out, group=ring.group)
         _meter_ring(ring, self.name, out)
@@ -101,8 +143,7 @@ class Dense(Exchange):
 class AllGather(Exchange):
     name = "allgather"
 
-    def reduce(self, acc, segments, selector, ring, step, out=None):
-        sel = select_segments(acc, segments, selector, step)
+    def combine(self, acc, segments, sel, ring):
         parts: list[Selection | None] = [None] * ring.size
         parts[ring.rank] = sel
         msg, k = pack(sel), sel.indices.numel()
@@ -111,10 +152,10 @@ class AllGather(Exchange):
             header, msg = ring.step_varsize(msg, [msg.numel(), k], f"sparse all-gather step {s}", self.name)
             k = header[1]
             parts[owner] = unpack(msg, k, acc.dtype)
-        out = torch.zeros_like(acc) if out is None else out.zero_()
-        for p in parts:  # rank order: identical sums everywhere
-            out.index_add_(0, p.indices, p.values)
-        return Reduced(out.div_(ring.size), sel.indices)
+        return parts, sel.indices
+
+    def write(self, acc, combined, ring, out):
+        return _scatter_parts(*combined, acc, ring, out)
 
 
 @EXCHANGES.register("gloo-allgather")
@@ -123,8 +164,7 @@ class GlooAllGather(Exchange):
 
     name = "gloo-allgather"
 
-    def reduce(self, acc, segments, selector, ring, step, out=None):
-        sel = select_segments(acc, segments, selector, step)
+    def combine(self, acc, segments, sel, ring):
         k = torch.tensor([sel.indices.numel()])
         counts = [torch.zeros_like(k) for _ in range(ring.size)]
         dist.all_gather(counts, k, group=ring.group)
@@ -137,60 +177,107 @@ class GlooAllGather(Exchange):
         if ring.meter is not None:
             nbytes = (ring.size - 1) * msg.numel()
             ring.meter.add(self.name, nbytes, nbytes)
-        out = torch.zeros_like(acc) if out is None else out.zero_()
+        parts = []
         for c, m in zip(counts, got):
             p = unpack(m, kmax, acc.dtype)
-            out.index_add_(0, p.indices[: int(c)], p.values[: int(c)])
-        return Reduced(out.div_(ring.size), sel.indices)
+            parts.append(Selection(p.indices[: int(c)], p.values[: int(c)]))
+        return parts, sel.indices
+
+    def write(self, acc, combined, ring, out):
+        return _scatter_parts(*combined, acc, ring, out)
 
 
 @EXCHANGES.register("shared-index")
 class SharedIndex(Exchange):
-    """One index set for all: the globally largest blocks (by summed squared norm), then a dense
-    all-reduce of just their values. Entries a worker had outside the set stay in its residual."""
+    """One index set for all: the blocks with the largest summed squared norm, then a dense
+    all-reduce of just their values. Entries a worker had outside the set stay in its residual.
+
+    One all-reduce per step: the message is [chosen values | block scores of what stays behind]
+    and the summed scores pick the next step's blocks. Those scores are the residual's, so the
+    next choice sees everything but the next gradient, which the memory keeps until it is picked.
+    Scores are kept per tensor (Segment.id), so they survive a change of bucket layout; a step
+    with a tensor that has none yet (the first) all-reduces the scores first."""
 
     name = "shared-index"
 
     def __init__(self, block: int = 256):
         self.block = block
+        self.scores: dict[str, torch.Tensor] = {}  # tensor -> summed residual block scores of the last step
 
-    def blocks(self, acc: torch.Tensor, segments: list[Segment], ring: Ring) -> torch.Tensor:
-        """Flat positions of the chosen blocks' entries, the same on every rank."""
-        B = self.block
-        scores = []
+    def prepare(self, acc, segments, selector, step):
+        """The local half of the selection: this step's block scores and, from the scores the
+        last step summed, the blocks to send (None on a first step: combine agrees first)."""
+        if selector.shared_indices:  # the same positions everywhere: no blocks to agree on
+            return "positions", select_segments(acc, segments, selector, step).indices, None
+        B, scores = self.block, []
         for s in segments:
             seg = acc[s.offset : s.offset + s.numel]
             whole = s.numel // B * B  # norms of the full blocks straight from a view, no copy
-            parts = [torch.linalg.vector_norm(seg[:whole].view(-1, B), dim=1).square_()]
+            scores.append(torch.linalg.vector_norm(seg[:whole].view(-1, B), dim=1).square_())
             if whole < s.numel:
-                parts.append(seg[whole:].square().sum().view(1))
-            scores.append(torch.cat(parts) if len(parts) > 1 else parts[0])
-        allscores = torch.cat(scores)
-        dist.all_reduce(allscores, group=ring.group)
-        _meter_ring(ring, self.name, allscores)
-        picked, start = [], 0
-        for s, sc in zip(segments, scores):
-            nb = sc.numel()
+                scores.append(seg[whole:].square().sum().view(1))
+        local = torch.cat(scores) if scores else acc.new_empty(0)
+        known = [self.scores.get(s.id) for s in segments]
+        if any(sc is None or sc.numel() != -(-s.numel // B) for sc, s in zip(known, segments)):
+            return "scores", local, None
+        return "scores", local, self.pick(segments, torch.cat(known) if known else local)
+
+    def pick(self, segments: list[Segment], scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat positions of the chosen blocks' entries and the chosen block numbers (same on every rank)."""
+        B = self.block
+        picked, blocks, start = [], [], 0
+        for s in segments:
+            nb = -(-s.numel // B)
             kb = min(nb, -(-s.k // B))
             if kb > 0:
-                top = torch.topk(allscores[start : start + nb], kb, sorted=False).indices.sort().values
-                pos = (top.unsqueeze(1) * B + torch.arange(B)).flatten()
-                picked.append(pos[pos < s.numel] + s.offset)
+                top = torch.topk(scores[start : start + nb], kb, sorted=False).indices.sort().values
+                pos = (top.unsqueeze(1) * B + torch.arange(B)).flatten() + s.offset
+                if top[-1] == nb - 1:  # the segment's last block may be short: drop the positions past it
+                    pos = pos[: pos.numel() - (nb * B - s.numel)]
+                picked.append(pos)
+                blocks.append(top + start)
             start += nb
-        return torch.cat(picked) if picked else torch.empty(0, dtype=torch.long)
+        if not picked:
+            return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        return torch.cat(picked), torch.cat(blocks)
 
-    def reduce(self, acc, segments, selector, ring, step, out=None):
-        if selector.shared_indices:
-            idx = select_segments(acc, segments, selector, step).indices
-        else:
-            idx = self.blocks(acc, segments, ring)
-        values = acc[idx]
-        if values.numel() > 0:  # k is the same on every rank, so all skip together
-            dist.all_reduce(values, group=ring.group)
-            _meter_ring(ring, self.name, values)
+    def combine(self, acc, segments, prepared, ring):
+        kind, local, picked = prepared
+        if kind == "positions":
+            values = acc[local]
+            if values.numel() > 0:  # k is the same on every rank, so all skip together
+                dist.all_reduce(values, group=ring.group)
+                _meter_ring(ring, self.name, values)
+            return local, values
+        if picked is None:  # first step: agree on the scores first
+            first = local.clone()
+            dist.all_reduce(first, group=ring.group)
+            _meter_ring(ring, self.name, first)
+            picked = self.pick(segments, first)
+        idx, blocks = picked
+        k = idx.numel()
+        msg = torch.cat([acc[idx], local])
+        msg[k:][blocks] = 0  # what stays behind: the residual's scores
+        dist.all_reduce(msg, group=ring.group)
+        _meter_ring(ring, self.name, msg)
+        start = k
+        for s in segments:  # the next step's scores, per tensor
+            nb = -(-s.numel // self.block)
+            self.scores[s.id] = msg[start : start + nb]
+            start += nb
+        return idx, msg[:k]
+
+    def write(self, acc, combined, ring, out):
+        idx, values = combined
         out = torch.zeros_like(acc) if out is None else out.zero_()
-        out[idx] = values.div_(ring.size)
+        out[idx] = values / ring.size
         return Reduced(out, idx)
+
+    def state_dict(self):
+        return {"scores": {name: sc.clone() for name, sc in self.scores.items()}}
+
+    def load_state_dict(self, state):
+        self.scores = dict(state.get("scores", {}))
 
 
 class _Part:
@@ -239,8 +326,7 @@ class _Part:
 class SparseReduceScatter(Exchange):
     name = "sparse-rs"
 
-    def reduce(self, acc, segments, selector, ring, step, out=None):
-        sel = select_segments(acc, segments, selector, step)
+    def combine(self, acc, segments, sel, ring):
         n, N, r = acc.numel(), ring.size, ring.rank
         bounds = [n * j // N for j in range(N + 1)]
         cuts = torch.searchsorted(sel.indices, torch.tensor(bounds)).tolist()
@@ -258,11 +344,15 @@ class SparseReduceScatter(Exchange):
             header, msg = parts[send_j].message()
             got_header, got = ring.step_varsize(msg, header, f"sparse all-gather step {s}", self.name)
             parts[recv_j] = _Part.from_message(got_header, got, acc.dtype)
+        return parts, bounds, sel.indices
+
+    def write(self, acc, combined, ring, out):
+        parts, bounds, sent = combined
         out = torch.empty_like(acc) if out is None else out
-        for j in range(N):
-            part, dst = parts[j], out[bounds[j] : bounds[j + 1]]
+        for j, part in enumerate(parts):
+            dst = out[bounds[j] : bounds[j + 1]]
             if part.dense is not None:
                 dst.copy_(part.dense)
             else:
                 dst.zero_().index_add_(0, part.idx, part.val)
-        return Reduced(out.div_(N), sel.indices)
+        return Reduced(out.div_(ring.size), sent)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
-from ringps.comm.sparse import EXCHANGES, Segment
+from ringps.comm.sparse import EXCHANGES, Exchange, Segment
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
 from ringps.cost import CostParams, choose_exchange
@@ -65,6 +65,7 @@ class RingTopkState:
         self.names: dict[int, str] = {}  # id(param) -> name, for memory keys and checkpoints
         self.overlap: dict[int, float] = {}  # id(param) -> backward seconds left once its grad is ready
         self.plans: dict[tuple, str] = {}  # (bucket signature, k) -> exchange name
+        self.exchanges: dict[str, Exchange] = {}  # name -> the exchange (state kept per tensor, e.g. block scores)
         self.deferred: list[tuple[torch.futures.Future, torch.Tensor, list[torch.Tensor]]] = []
         self._flat: dict[tuple, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         self._ring: Optional[Ring] = None
@@ -104,12 +105,16 @@ class RingTopkState:
     def state_dict(self) -> dict[str, Any]:
         gen = self._generator()
         return {"iteration": self.iteration, "memory": self.memory.state_dict(),
-                "selector_rng": gen.get_state() if gen is not None else None}
+                "selector_rng": gen.get_state() if gen is not None else None,
+                "exchanges": {name: ex.state_dict() for name, ex in self.exchanges.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
         self.memory.load_state_dict(state["memory"])
         self._flat.clear()  # re-place the loaded buffers into fresh flat accumulators
+        self.exchanges.clear()
+        for name, saved in state.get("exchanges", {}).items():
+            self.exchange(name).load_state_dict(saved)
         gen = self._generator()
         if gen is not None and state.get("selector_rng") is not None:
             gen.set_state(state["selector_rng"])
@@ -123,6 +128,12 @@ class RingTopkState:
         if key not in self.plans:
             self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block)[0]
         return self.plans[key]
+
+    def exchange(self, name: str) -> Exchange:
+        """The exchange `name`, kept across steps (shared-index carries block scores per tensor)."""
+        if name not in self.exchanges:
+            self.exchanges[name] = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
+        return self.exchanges[name]
 
     def buffers(self, index: int, names: list[str], large: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's flat accumulator (the memories' buffers, contiguous) and its output
@@ -149,7 +160,7 @@ class RingTopkState:
         names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
         segments, offset = [], 0
         for i, (g, _) in enumerate(large):
-            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), key=index * 1000 + i))
+            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), index * 1000 + i, names[i]))
             offset += g.numel()
         overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
         name = self.plan(segments, overlap)
@@ -164,9 +175,8 @@ class RingTopkState:
         acc, out = self.buffers(index, names, [g for g, _ in large])
         for tname, (g, _) in zip(names, large):
             self.memory.compensate(tname, g.view(-1))  # accumulates into acc in place
-        exchange = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
         dest = out if out is not None else large[0][0].view(-1)
-        sent = exchange.reduce(acc, segments, self.selector, self.ring, step, dest).sent
+        sent = self.exchange(name).reduce(acc, segments, self.selector, self.ring, step, dest).sent
         self.chosen[name] = self.chosen.get(name, 0) + 1
         for s, tname, (g, _) in zip(segments, names, large):
             if out is not None:
