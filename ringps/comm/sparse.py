@@ -130,9 +130,6 @@ class Dense(Exchange):
     name, uses_selection = "dense", False
 
     def reduce(self, acc, segments, selector, ring, step, out=None):  # one phase: all-reduce in `out`
-        return self._reduce(acc, ring, out)
-
-    def _reduce(self, acc, ring, out):
         out = acc.clone() if out is None else out.copy_(acc)
         dist.all_reduce(out, group=ring.group)
         _meter_ring(ring, self.name, out)
