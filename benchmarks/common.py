@@ -21,11 +21,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from ringps.cli.main import sigterm_like_ctrl_c  # noqa: E402
 from ringps.config import load_config  # noqa: E402
 from ringps.launch.run import run_job  # noqa: E402
 from ringps.train.summary import refresh_summary  # noqa: E402
 
 console = Console(width=170)
+
+
+def guarded(main: Callable[[], None]) -> None:
+    """Run a benchmark's main: SIGTERM and Ctrl-C stop it after its runs' clean-up (processes,
+    emulated hosts), with one line and exit 130; a ringps error is one line too. Finished runs
+    stay in the output folder, so `--out DIR` resumes."""
+    from ringps.errors import RingpsError
+
+    sigterm_like_ctrl_c()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("benchmark interrupted; its runs were stopped and cleaned up (finished ones stay; --out DIR resumes)",
+              file=sys.stderr)
+        sys.exit(130)
+    except RingpsError as e:
+        print(f"benchmark: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[str, dict[str, Any]],

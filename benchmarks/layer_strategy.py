@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common import add_out_arg, console, finish, med, run_matrix, table
+from common import add_out_arg, console, finish, guarded, med, run_matrix, table
 
 SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}}
 CONTENDERS = {"off": {"layer_strategy": "off"}, "auto": {"layer_strategy": "auto"}}
@@ -63,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import add_out_arg, console, finish, med, run_matrix, table
+from common import add_out_arg, console, finish, guarded, med, run_matrix, table
 
 CONTENDERS = ["ps-sync", "ps-async", "ps-threshold", "ps-ssp", "ps-stale-lr", "ps-dcasgd", "ps-vsgd"]
 
@@ -62,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

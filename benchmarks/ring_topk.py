@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import add_out_arg, console, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, guarded, med, run_matrix, table, verdict, write_report
 
 SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}, "unshaped": {}}
 CONTENDERS = {"allreduce": {"strategy": "allreduce"}, "powersgd": {"strategy": "powersgd"},
@@ -72,4 +72,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

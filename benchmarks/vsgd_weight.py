@@ -18,7 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
-from common import add_out_arg, console, med, run_matrix, table, write_report
+from common import add_out_arg, console, guarded, med, run_matrix, table, write_report
 
 from ringps.train.metrics import read_rows
 
@@ -64,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -179,6 +179,9 @@ class CompressConfig(Section):
     dense_below: int = Field(1 << 17, ge=0, description="tensors with fewer entries go dense, fused into one message")
     block: int = Field(256, ge=1, description="shared-index: entries per block")
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
+    sparse_progress: float = Field(
+        0.57, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one; sparse only "
+        "where the step per unit of progress is still shorter (0.57 measured, docs/RESULTS.md)")
 
 
 class PSConfig(Section):

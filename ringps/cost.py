@@ -99,19 +99,19 @@ def exchange_cost(name: str, n: int, k: int, N: int, p: CostParams, block: int =
 SPARSE = ("allgather", "shared-index", "sparse-rs")
 
 
-# A sparse exchange must save this fraction of dense's predicted time to be chosen over it: the
-# model prices time per step, not the slower progress per step of sparse updates, and where the
-# two are priced within a few percent, calibration noise alone flipped the choice between runs.
-SPARSE_MARGIN = 0.25
-
-
 def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.0,
-                    candidates: tuple[str, ...] = ("dense",) + SPARSE, block: int = 256) -> tuple[str, dict[str, float]]:
-    """The exchange that adds the least step time (dense unless a sparse one saves at least
-    SPARSE_MARGIN of dense's), and every candidate's predicted cost."""
+                    candidates: tuple[str, ...] = ("dense",) + SPARSE, block: int = 256,
+                    compute_s: float = 0.0, progress: float = 1.0) -> tuple[str, dict[str, float]]:
+    """The exchange that adds the least step time, and every candidate's predicted cost.
+
+    The model prices time per step; a sparse step also makes less progress than a dense one.
+    With `progress` (what a sparse step achieves relative to a dense one) and `compute_s` (the
+    compute this bucket's share of the step costs), a sparse exchange is chosen over dense only
+    when its whole step per unit of progress is still shorter: (compute + sparse) / progress <
+    compute + dense. Where the two are priced close, dense wins."""
     costs = {c: exchange_cost(c, n, k, N, p, block).exposed(overlap_s, p.cpu_share) for c in candidates}
     best = min(costs, key=costs.get)
-    if "dense" in costs and best != "dense" and costs[best] > (1 - SPARSE_MARGIN) * costs["dense"]:
+    if "dense" in costs and best != "dense" and (compute_s + costs[best]) / progress >= compute_s + costs["dense"]:
         best = "dense"
     return best, costs
 

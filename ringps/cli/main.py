@@ -38,12 +38,18 @@ def build_parser() -> Parser:
 
 
 def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: processes, namespaces, temp files
+    raise KeyboardInterrupt
+
+
+def sigterm_like_ctrl_c() -> None:
+    """SIGTERM cleans up like Ctrl-C: processes, namespaces, temp files (Python's default SIGTERM
+    exits without running `finally` blocks, which would leave emulated hosts behind)."""
+    signal.signal(signal.SIGTERM, _terminate)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    sigterm_like_ctrl_c()
     try:
         return args._run(args) or 0
     except RingpsError as e:

@@ -46,9 +46,13 @@ class RingTopkState:
         seed: int = 0,
         timeout: float = 300.0,
         cost: Optional[CostParams] = None,
+        progress: float = 0.57,
+        compute_s: float = 0.0,
     ):
         if not 0.0 <= density <= 1.0:
             raise ValueError(f"density {density}: must be in [0, 1]")
+        if not 0.0 < progress <= 1.0:
+            raise ValueError(f"progress {progress}: must be in (0, 1]")
         if exchange != "auto":
             EXCHANGES.get(exchange)
         # hyper-parameters
@@ -60,6 +64,10 @@ class RingTopkState:
         self.memory = MEMORIES.build(memory, momentum=momentum, clip_norm=clip_norm,
                                      workers=dist.get_world_size(process_group) if dist.is_initialized() else 1)
         self.cost = cost or CostParams()
+        # auto's price of sparse updates: the progress a sparse step makes relative to a dense
+        # one, and the step's compute (seconds; its share per bucket goes into the comparison)
+        self.progress, self.compute_s = progress, compute_s
+        self.model_numel = 0
         # internal state
         self.iteration = 0
         self.names: dict[int, str] = {}  # id(param) -> name, for memory keys and checkpoints
@@ -78,6 +86,7 @@ class RingTopkState:
     def bind(self, model: torch.nn.Module) -> "RingTopkState":
         """Key memories by parameter name (stable across DDP's bucket rebuild and checkpoints)."""
         self.names = {id(p): n for n, p in model.named_parameters()}
+        self.model_numel = sum(p.numel() for p in model.parameters())
         return self
 
     @property
@@ -126,7 +135,9 @@ class RingTopkState:
         n, k = sum(s.numel for s in segments), sum(s.k for s in segments)
         key = (tuple(s.numel for s in segments), k)
         if key not in self.plans:
-            self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block)[0]
+            share = self.compute_s * n / self.model_numel if self.model_numel else 0.0
+            self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block,
+                                              compute_s=share, progress=self.progress)[0]
         return self.plans[key]
 
     def exchange(self, name: str) -> Exchange:

@@ -4,7 +4,8 @@ ring-topk: per-tensor top-k selection with error feedback (or DGC momentum corre
 over the ring with the exchange the cost model picks per bucket (dense where selection does not
 pay), small tensors fused into one dense message. The cost model is fed with what this job
 measures at set-up: the link latency and bandwidth (an all-reduce probe), the CPU cost of
-selection and scatter-adds, and each parameter's overlap window from a profile of the model.
+selection and scatter-adds, each parameter's overlap window and the step's compute from a profile
+of the model; sparse updates are priced at `--sparse-progress` of a dense step's progress.
 
 topk-allgather: what GRACE and DGC do: every tensor selected and all-gathered with
 torch.distributed.all_gather, padded (`--exchange gloo-allgather`, nothing dense).
@@ -36,7 +37,7 @@ class RingTopk(DDPStrategy):
             selector=c.selector, memory=c.memory, exchange=self.exchange_override or c.exchange,
             dense_below=c.dense_below if self.dense_below_override is None else self.dense_below_override,
             block=c.block, momentum=self.cfg.train.momentum, clip_norm=c.clip_norm,
-            seed=self.cfg.run.seed, timeout=ctx.timeout,
+            seed=self.cfg.run.seed, timeout=ctx.timeout, progress=c.sparse_progress,
         )
 
     def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
@@ -45,7 +46,8 @@ class RingTopk(DDPStrategy):
             state.cost = measured_cost_params(ctx.group)
             b = ctx.sample_batch
             prof = profile_model(self.model, b.inputs.to(ctx.device), b.targets.to(ctx.device)) if b is not None else None
-            overlap = broadcast_object(prof.overlap_s if prof else {}, ctx.group)  # one plan for all ranks
+            # one plan for all ranks: rank 0's profile (taken while every rank profiles, as they will train)
+            overlap, state.compute_s = broadcast_object((prof.overlap_s, prof.step_s) if prof else ({}, 0.0), ctx.group)
             by_name = dict(self.model.named_parameters())
             state.overlap = {id(by_name[n]): s for n, s in overlap.items() if n in by_name}
         if self.cfg.compress.memory == "dgc":  # momentum lives in the memory now
@@ -78,7 +80,7 @@ class RingTopk(DDPStrategy):
     def summary(self) -> dict[str, Any]:
         s: RingTopkState = self.hook_state
         return {"exchanges_chosen": dict(s.chosen), "payload_sent": dict(s.meter.sent),
-                "cost_params": s.cost.as_dict()}
+                "cost_params": s.cost.as_dict(), "compute_s": s.compute_s, "sparse_progress": s.progress}
 
     def close(self) -> None:
         self.hook_state.close()
