@@ -158,7 +158,7 @@ class TrainConfig(Section):
 class StrategyConfig(Section):
     """Which strategy runs and its DDP-level options (read by `strategies`)."""
 
-    strategy: str = Field("allreduce", description="training strategy (see `ringps list`)")
+    strategy: str = Field("ring-topk", description="training strategy (see `ringps list`)")
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB")
     powersgd_rank: int = Field(4, ge=1, description="powersgd: matrix approximation rank")
     powersgd_start_iter: int = Field(10, ge=2, description="powersgd: plain all-reduce for the first N steps")
