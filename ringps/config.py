@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ringps.errors import ConfigError
 
+# What a sparse step achieves against a dense one, measured: at 100 Mbit/s the compressed
+# contenders needed ~1.75x allreduce's steps to reach 90% on facenet/ORL (docs/RESULTS.md).
+SPARSE_PROGRESS = 0.57
+
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g)?bit\s*$", re.IGNORECASE)
 _RATE_UNIT = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -180,7 +184,7 @@ class CompressConfig(Section):
     block: int = Field(256, ge=1, description="shared-index: entries per block")
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
     sparse_progress: float = Field(
-        0.57, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one; sparse only "
+        SPARSE_PROGRESS, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one; sparse only "
         "where the step per unit of progress is still shorter (0.57 measured, docs/RESULTS.md)")
 
 

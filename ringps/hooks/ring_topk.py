@@ -25,7 +25,7 @@ from ringps.comm.p2p import Ring
 from ringps.comm.sparse import EXCHANGES, Exchange, Segment
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
-from ringps.cost import CostParams, choose_exchange
+from ringps.cost import SPARSE_PROGRESS, CostParams, choose_exchange
 
 
 class RingTopkState:
@@ -46,7 +46,7 @@ class RingTopkState:
         seed: int = 0,
         timeout: float = 300.0,
         cost: Optional[CostParams] = None,
-        progress: float = 0.57,
+        progress: float = SPARSE_PROGRESS,
         compute_s: float = 0.0,
     ):
         if not 0.0 <= density <= 1.0:
