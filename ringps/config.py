@@ -185,7 +185,7 @@ class CompressConfig(Section):
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
     sparse_progress: float = Field(
         SPARSE_PROGRESS, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one; sparse only "
-        "where the step per unit of progress is still shorter (0.57 measured, docs/RESULTS.md)")
+        f"where the step per unit of progress is still shorter ({SPARSE_PROGRESS} measured, docs/RESULTS.md)")
 
 
 class PSConfig(Section):

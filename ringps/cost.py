@@ -17,8 +17,6 @@ from typing import NamedTuple
 
 import torch
 
-from ringps.config import SPARSE_PROGRESS  # noqa: F401 - re-exported for the hook
-
 B_IDX, B_VAL = 4, 4  # bytes per index and per fp32 value on the wire
 
 

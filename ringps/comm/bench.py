@@ -26,7 +26,7 @@ from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.probe import measure_links
 from ringps.comm.ring import ring_allreduce
-from ringps.comm.sparse import EXCHANGES, Segment
+from ringps.comm.sparse import Segment, build_exchange
 from ringps.compress.selectors import SampledThreshold, Selection, Selector
 from ringps.cost import SPARSE, CostParams, calibrate_cpu, choose_exchange
 
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
             out = torch.empty_like(g)  # reused, as the hook reuses the gradient
             chosen, _ = choose_exchange(n, k, N, params, 0.0, candidates=SPARSE, block=args.block)
             for name in SPARSE_BENCH:
-                ex = EXCHANGES.build(name, args.block) if name == "shared-index" else EXCHANGES.build(name)
+                ex = build_exchange(name, args.block)
                 prepare = lambda: ex.prepare(g, segs, PreSelected(sel), 0)  # noqa: E731
                 ex.combine(g, segs, prepare(), ring)  # a first step (shared-index: agrees on the first scores)
                 prepared = prepare()  # a later step's: what every step but the first does

@@ -59,6 +59,11 @@ class Reduced(NamedTuple):
     sent: torch.Tensor | None  # (m,) int64 sorted local positions that went out; None: all of them
 
 
+def build_exchange(name: str, block: int = 256) -> "Exchange":
+    """A fresh exchange by name (shared-index takes the block size)."""
+    return EXCHANGES.build(name, block) if name == "shared-index" else EXCHANGES.build(name)
+
+
 def select_segments(acc: torch.Tensor, segments: list[Segment], selector: Selector, step: int) -> Selection:
     idx, val = [], []
     for s in segments:
@@ -82,7 +87,6 @@ def unpack(msg: torch.Tensor, k: int, dtype: torch.dtype) -> Selection:
 
 class Exchange:
     name = ""
-    uses_selection = True  # False: sends everything (dense)
 
     def prepare(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, step: int) -> Any:
         """Local work before the first message (no communication): by default the selection."""
@@ -127,7 +131,7 @@ def _scatter_parts(parts: list[Selection], sent: torch.Tensor, acc: torch.Tensor
 
 @EXCHANGES.register("dense")
 class Dense(Exchange):
-    name, uses_selection = "dense", False
+    name = "dense"
 
     def reduce(self, acc, segments, selector, ring, step, out=None):  # one phase: all-reduce in `out`
         out = acc.clone() if out is None else out.copy_(acc)

@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
-from ringps.comm.sparse import EXCHANGES, Exchange, Segment
+from ringps.comm.sparse import EXCHANGES, Exchange, Segment, build_exchange
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
-from ringps.cost import SPARSE_PROGRESS, CostParams, choose_exchange
+from ringps.config import SPARSE_PROGRESS
+from ringps.cost import CostParams, choose_exchange
 
 
 class RingTopkState:
@@ -143,7 +144,7 @@ class RingTopkState:
     def exchange(self, name: str) -> Exchange:
         """The exchange `name`, kept across steps (shared-index carries block scores per tensor)."""
         if name not in self.exchanges:
-            self.exchanges[name] = EXCHANGES.build(name, self.block) if name == "shared-index" else EXCHANGES.build(name)
+            self.exchanges[name] = build_exchange(name, self.block)
         return self.exchanges[name]
 
     def buffers(self, index: int, names: list[str], large: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
