@@ -15,6 +15,7 @@ applies the same averaged update, so replicas stay bitwise identical.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Optional
 
 import torch
@@ -172,7 +173,8 @@ class RingTopkState:
         names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
         segments, offset = [], 0
         for i, (g, _) in enumerate(large):
-            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), index * 1000 + i, names[i]))
+            # the key seeds randomk's positions: from the name, so it survives DDP's bucket rebuild
+            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), zlib.crc32(names[i].encode()), names[i]))
             offset += g.numel()
         overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
         name = self.plan(segments, overlap)
