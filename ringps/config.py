@@ -195,7 +195,13 @@ class PSConfig(Section):
     vsgd_sample: float = Field(0.01, gt=0, le=1, description="vsgd: fraction of each tensor's values sent along (at least 64)")
     vsgd_weight: str = Field("relative:2", description="vsgd: weight f(d) as NAME:SCALE, NAME in exp, inverse, linear, relative, none")
     vsgd_drop: Optional[float] = Field(None, gt=0, description="vsgd: drop a push whose relative value distance exceeds this")
+    vsgd_scope: Literal["tensor", "push"] = Field(
+        "tensor", description="vsgd: tensor: each tensor weighed by its own distance; push: one weight for the whole push "
+        "(the median of its tensors' weights), which keeps the gradient's direction")
     dcasgd_lambda: float = Field(0.04, ge=0, description="dcasgd: delay-compensation strength")
+    dcasgd_adaptive: bool = Field(
+        False, description="dcasgd: DC-ASGD-a, strength lambda / sqrt(running mean of g*g) per entry (the paper uses "
+        "lambda 2 with it); off: a constant lambda, as MXNet's DCASGD optimizer")
     ps_checkpoint_every: int = Field(0, ge=0, description="servers save a checkpoint every N versions (0: never)")
     slice_size: int = Field(1 << 20, ge=1024, description="largest slice of a shard on the wire, in entries")
 

@@ -134,6 +134,32 @@ def test_vsgd_relative_weight_keeps_typical_pushes_whole_and_weighs_down_far_one
     assert verdict.apply and verdict.weights == pytest.approx((0.5, 1.0)) and verdict.weight == pytest.approx(0.75)
 
 
+def test_vsgd_push_scope_gives_every_tensor_the_median_weight():
+    per_tensor = POLICIES.build("vsgd", config(vsgd_weight="linear:1.0"))
+    per_push = POLICIES.build("vsgd", config(vsgd_weight="linear:1.0", vsgd_scope="push"))
+    d = [0.1, 0.5, 0.2]
+    assert per_tensor.judge_values(d).weights == pytest.approx((0.9, 0.5, 0.8))
+    verdict = per_push.judge_values(d)
+    assert verdict.weights == pytest.approx((0.8, 0.8, 0.8)) and verdict.weight == pytest.approx(0.8)
+    assert per_push.judge_values([0.0, 0.0]).weights == (1.0, 1.0)
+
+
+def test_vsgd_relative_history_survives_a_server_checkpoint(tmp_path):
+    server, _ = make_server("vsgd", vsgd_weight="relative:2")
+    server.out_dir = tmp_path
+    pulled = torch.cat([server.shard.values[p] for p in server.sample_pos])
+    for i in range(10):
+        push(server, 1 + i % 3, server.shard.version, torch.randn(server.n), sample=pulled)
+    server.save_checkpoint()
+    resumed, _ = make_server("vsgd", vsgd_weight="relative:2")
+    assert resumed.load_checkpoint(tmp_path) and resumed.shard.version == 10
+    assert [list(r) for r in resumed.policy.recent] == [list(r) for r in server.policy.recent]
+    assert len(resumed.policy.recent) == len(server.pieces) and len(resumed.policy.recent[0]) == 10
+    far = pulled + 1.0
+    assert resumed.policy.weights(resumed.policy.distances(resumed.shard.values, resumed.sample_pos, far)) == \
+        server.policy.weights(server.policy.distances(server.shard.values, server.sample_pos, far))
+
+
 def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
     server, layout = make_server("vsgd", vsgd_drop=0.5, vsgd_weight="linear:1.0", momentum=0.0)
     pos = server.sample_pos
@@ -158,6 +184,19 @@ def test_dcasgd_compensates_with_the_values_sent_to_that_worker():
     push(server, 1, 0, g, lr=0.3)
     # g + 0.5 * g * g * (w_now - w_pulled) = 2 + 0.5 * 4 * (-0.1) = 1.8
     assert torch.allclose(server.shard.values, w_before - 0.1 * 1.8, atol=1e-5)
+
+
+def test_dcasgd_adaptive_scales_lambda_by_the_running_mean_square():
+    server, _ = make_server("dcasgd", momentum=0.0, dcasgd_lambda=0.5, dcasgd_adaptive=True)
+    server.snapshot[1].copy_(server.shard.values)
+    server.sent_once.add(1)
+    push(server, 2, 0, torch.full((server.n,), 4.0), lr=0.3)  # v = 16; values move by -0.4
+    w_before = server.shard.values.clone()
+    push(server, 1, 0, torch.full((server.n,), 2.0), lr=0.3)
+    # v = 0.95 * 16 + 0.05 * 4 = 15.4; g + 0.5 / sqrt(v) * g * g * (w_now - w_pulled) = 2 - 0.8 / sqrt(15.4)
+    expected = 2 + 0.5 / 15.4 ** 0.5 * 4 * (-0.4)
+    assert torch.allclose(server.shard.values, w_before - 0.1 * expected, atol=1e-5)
+    assert torch.allclose(server.policy.state_dict()["mean_square"], torch.full((server.n,), 15.4))
 
 
 def good_fields(layout: Layout, **kw) -> wire.Header:

@@ -6,13 +6,18 @@
 - `ssp` (Ho et al. 2013): a worker more than T pushes ahead of the slowest live one waits.
 - `stale-lr` (Zhang et al. 2016): apply with learning rate lr / max(1, s).
 - `dcasgd` (Zheng et al. 2017): g + lambda * g * g * (w_now - w_pulled), w_pulled being the
-  values this server last sent that worker.
+  values this server last sent that worker. `--dcasgd-adaptive` is the paper's DC-ASGD-a:
+  lambda / sqrt(v) per entry, v a running mean of g * g (m = 0.95), which makes the correction
+  independent of the gradient's scale (a constant lambda times g * g can vanish for small gradients).
 - `vsgd`: value staleness. Per tensor, d = ||w_now[S] - w_pulled[S]|| / (||w_now[S]|| + eps) on a
   fixed sample S of coordinates whose pulled values the worker sends along; the gradient gets
   weight f(d) (f(0) = 1, decreasing), and is dropped when d exceeds the optional drop distance.
   With `relative:K` the scale is not fixed: it is K times the median d of the tensor's recent
   pushes, so a gradient as fresh as usual keeps its whole step and only the unusually far ones
   are weighed down, by K * median / d (a gradient's error grows about linearly with d).
+  `--vsgd-scope push` gives the whole push one weight, the median of its tensors' weights: it
+  shortens the step without turning it (per tensor, layers that moved more are weighed down
+  more, which changes the update's direction).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -55,6 +60,13 @@ class Policy:
 
     def transform(self, grad: torch.Tensor, w_now: torch.Tensor, backup: Optional[torch.Tensor]) -> torch.Tensor:
         return grad
+
+    def state_dict(self) -> dict:
+        """What the policy learned from past pushes; goes into the server's checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 @POLICIES.register("sync")
@@ -94,14 +106,32 @@ class StaleLR(Policy):
 class DCASGD(Policy):
     needs_backup = True
 
+    MEAN_SQUARE = 0.95  # DC-ASGD-a's m (Zheng et al. 2017)
+
     def __init__(self, cfg):
         super().__init__(cfg)
         self.lam = cfg.ps.dcasgd_lambda
+        self.adaptive = cfg.ps.dcasgd_adaptive
+        self.mean_square: Optional[torch.Tensor] = None  # adaptive: running mean of g * g, per entry
 
     def transform(self, grad, w_now, backup):
+        lam: Any = self.lam
+        if self.adaptive:
+            sq = grad * grad
+            if self.mean_square is None:
+                self.mean_square = sq
+            else:
+                self.mean_square.mul_(self.MEAN_SQUARE).add_(sq, alpha=1 - self.MEAN_SQUARE)
+            lam = self.lam / (self.mean_square.sqrt() + 1e-7)
         if backup is None:
             return grad
-        return grad + self.lam * grad * grad * (w_now - backup)
+        return grad + lam * grad * grad * (w_now - backup)
+
+    def state_dict(self) -> dict:
+        return {"mean_square": self.mean_square} if self.mean_square is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean_square = state.get("mean_square", self.mean_square)
 
 
 # -- VSGD weight functions: f(0) = 1, decreasing in d; `scale` is where f has fallen noticeably
@@ -143,6 +173,7 @@ class VSGD(Policy):
         self.relative = name == "relative"
         self.recent: list[deque] = []  # per tensor, its last RECENT distances (relative)
         self.drop = cfg.ps.vsgd_drop
+        self.per_push = cfg.ps.vsgd_scope == "push"
 
     def distances(self, w_now: torch.Tensor, sample_pos: list[torch.Tensor], pulled: torch.Tensor) -> list[float]:
         """Relative distance per tensor between the server's values and the pulled ones."""
@@ -172,9 +203,17 @@ class VSGD(Policy):
             for r, d in zip(self.recent, distances):
                 r.append(d)
 
+    def state_dict(self) -> dict:
+        return {"recent": [list(r) for r in self.recent]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.recent = [deque(r, maxlen=RECENT) for r in state.get("recent", [])]
+
     def judge_values(self, distances: list[float]) -> Verdict:
         d = max(distances) if distances else 0.0
         w = self.weights(distances)
+        if self.per_push and w:
+            w = [statistics.median(w)] * len(w)
         self.observe(distances)
         mean_d = sum(distances) / max(1, len(distances))
         mean_w = sum(w) / max(1, len(w))

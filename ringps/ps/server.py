@@ -289,7 +289,8 @@ class Server:
         folder = Path(self.out_dir) / "checkpoints" / f"server{self.index}"
         folder.mkdir(parents=True, exist_ok=True)
         state = {"values": self.shard.values.clone(), "momentum": self.shard.momentum.clone(),
-                 "version": self.shard.version, "fingerprint": self.layout.fingerprint}
+                 "version": self.shard.version, "fingerprint": self.layout.fingerprint,
+                 "policy": self.policy.state_dict()}  # e.g. VSGD's recent distances: no re-warming on resume
         tmp = folder / "latest.tmp"
         torch.save(state, tmp)
         tmp.replace(folder / "latest.pt")
@@ -306,6 +307,7 @@ class Server:
         self.shard.values.copy_(state["values"])
         self.shard.momentum.copy_(state["momentum"])
         self.shard.version = state["version"]
+        self.policy.load_state_dict(state.get("policy", {}))
         return True
 
     def stats(self) -> dict[str, Any]:
