@@ -9,6 +9,9 @@ within 5% of the best one's (closer than that is noise on this machine) are tied
 of those the highest median final accuracy wins (then the faster). docs/vsgd.md records the result.
 
     .venv/bin/python benchmarks/vsgd_weight.py --candidates inverse:0.01,exp:0.01,linear:0.02
+    .venv/bin/python benchmarks/vsgd_weight.py --candidates relative:2,relative:2@push   # weight scope
+
+A candidate NAME:SCALE@SCOPE also sets --vsgd-scope (tensor, the default, or push).
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=20)
     add_out_arg(p)
     args = p.parse_args()
-    contenders = {c: {"strategy": "ps-vsgd", "vsgd_weight": c} for c in args.candidates.split(",")}
+    contenders = {}
+    for c in args.candidates.split(","):
+        weight, _, scope = c.partition("@")
+        contenders[c] = {"strategy": "ps-vsgd", "vsgd_weight": weight, **({"vsgd_scope": scope} if scope else {})}
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
               "epochs": args.epochs, "target_accuracy": 0.9}
     out, results = run_matrix("vsgd-weight", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out)
