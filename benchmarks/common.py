@@ -85,6 +85,20 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
     return out, results
 
 
+def contenders_from(spec: str, options: Callable[[str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """'A,B+key=value+key=value' -> {label: run options}: `options(name)` gives a contender's own
+    options; each `+key=value` (a config key, as the CLI flag without dashes) adds one, so variants
+    of one contender run side by side: `ps-dcasgd,ps-dcasgd+dcasgd_lambda=0`."""
+    out = {}
+    for label in filter(None, spec.split(",")):
+        name, *extra = label.split("+")
+        pairs = [kv.partition("=") for kv in extra]
+        if any(not sep for _, sep, _ in pairs):
+            raise SystemExit(f"contender {label!r}: write each extra option as +key=value")
+        out[label] = {**options(name), **{k.replace("-", "_"): v for k, _, v in pairs}}
+    return out
+
+
 def add_out_arg(p) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output folder; an existing one is resumed (finished runs are read back)")

@@ -6,20 +6,22 @@ parameter-server issue checked against the medians.
 
     .venv/bin/python benchmarks/ps_staleness.py                     # all seven, 3 seeds
     .venv/bin/python benchmarks/ps_staleness.py --contenders ps-sync,ps-vsgd --repeats 1 --epochs 5
+    .venv/bin/python benchmarks/ps_staleness.py --contenders ps-dcasgd,ps-dcasgd+dcasgd_lambda=0   # variants
 """
 
 from __future__ import annotations
 
 import argparse
 
-from common import add_out_arg, console, finish, guarded, med, run_matrix, table
+from common import add_out_arg, console, contenders_from, finish, guarded, med, run_matrix, table
 
 CONTENDERS = ["ps-sync", "ps-async", "ps-threshold", "ps-ssp", "ps-stale-lr", "ps-dcasgd", "ps-vsgd"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--contenders", default=",".join(CONTENDERS),
+                   help="comma-separated; NAME+key=value adds an option (a variant: ps-dcasgd+dcasgd_lambda=0)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--target", type=float, default=0.9)
@@ -27,7 +29,7 @@ def main() -> None:
     add_out_arg(p)
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.extra.split(",") if kv)
-    contenders = {c: {"strategy": c} for c in args.contenders.split(",")}
+    contenders = contenders_from(args.contenders, lambda name: {"strategy": name})
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
               "epochs": args.epochs, "target_accuracy": args.target, **extra}
     out, results = run_matrix("ps-staleness", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out)

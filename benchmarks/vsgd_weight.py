@@ -9,9 +9,9 @@ within 5% of the best one's (closer than that is noise on this machine) are tied
 of those the highest median final accuracy wins (then the faster). docs/vsgd.md records the result.
 
     .venv/bin/python benchmarks/vsgd_weight.py --candidates inverse:0.01,exp:0.01,linear:0.02
-    .venv/bin/python benchmarks/vsgd_weight.py --candidates relative:2,relative:2@push   # weight scope
+    .venv/bin/python benchmarks/vsgd_weight.py --candidates relative:2,relative:2+vsgd_scope=push
 
-A candidate NAME:SCALE@SCOPE also sets --vsgd-scope (tensor, the default, or push).
+A candidate NAME:SCALE+key=value adds an option (above: one weight per push instead of per tensor).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from common import add_out_arg, console, guarded, med, run_matrix, table, write_report
+from common import add_out_arg, console, contenders_from, guarded, med, run_matrix, table, write_report
 
 from ringps.train.metrics import read_rows
 
@@ -38,10 +38,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=20)
     add_out_arg(p)
     args = p.parse_args()
-    contenders = {}
-    for c in args.candidates.split(","):
-        weight, _, scope = c.partition("@")
-        contenders[c] = {"strategy": "ps-vsgd", "vsgd_weight": weight, **({"vsgd_scope": scope} if scope else {})}
+    contenders = contenders_from(args.candidates, lambda weight: {"strategy": "ps-vsgd", "vsgd_weight": weight})
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
               "epochs": args.epochs, "target_accuracy": 0.9}
     out, results = run_matrix("vsgd-weight", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out)
