@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -115,17 +115,19 @@ class DCASGD(Policy):
         self.mean_square: Optional[torch.Tensor] = None  # adaptive: running mean of g * g, per entry
 
     def transform(self, grad, w_now, backup):
-        lam: Any = self.lam
+        # in place and with one temporary: the server holds the shard's lock meanwhile, and on a
+        # 10 M-entry shard every extra pass over it is time all workers wait
         if self.adaptive:
-            sq = grad * grad
             if self.mean_square is None:
-                self.mean_square = sq
+                self.mean_square = grad * grad
             else:
-                self.mean_square.mul_(self.MEAN_SQUARE).add_(sq, alpha=1 - self.MEAN_SQUARE)
-            lam = self.lam / (self.mean_square.sqrt() + 1e-7)
+                self.mean_square.mul_(self.MEAN_SQUARE).addcmul_(grad, grad, value=1 - self.MEAN_SQUARE)
         if backup is None:
             return grad
-        return grad + lam * grad * grad * (w_now - backup)
+        c = torch.sub(w_now, backup).mul_(grad).mul_(grad)
+        if self.adaptive:
+            c.div_(self.mean_square.sqrt().add_(1e-7))  # lambda / sqrt(v), per entry
+        return grad.add_(c, alpha=self.lam)
 
     def state_dict(self) -> dict:
         return {"mean_square": self.mean_square} if self.mean_square is not None else {}
