@@ -50,24 +50,26 @@ def main() -> None:
     acc = {c: med(rs, "final_accuracy") for c, rs in runs.items()}
     spikes = {c: med(rs, "loss_spikes") for c, rs in runs.items()}
     for c in ("ps-threshold", "ps-vsgd"):
-        if c in runs and "ps-sync" in runs and tta[c] is None:  # a median needs more than half the seeds
-            checks.append((f"{c} time-to-accuracy <= 0.7x ps-sync", False, f"{c} {reached(runs[c])}"))
-        elif c in runs and "ps-sync" in runs and None not in (tta[c], tta["ps-sync"]):
-            checks.append((f"{c} time-to-accuracy <= 0.7x ps-sync", tta[c] <= 0.7 * tta["ps-sync"],
-                           f"{tta[c]:.0f}s vs {tta['ps-sync']:.0f}s = {tta[c] / tta['ps-sync']:.2f}x"))
+        if c in runs and "ps-sync" in runs:
+            claim = f"{c} time-to-accuracy <= 0.7x ps-sync"
+            if tta[c] is None:  # a median needs more than half the seeds: the bar is missed, not skipped
+                checks.append((claim, False, f"{c} {reached(runs[c])}"))
+            elif tta["ps-sync"] is not None:
+                checks.append((claim, tta[c] <= 0.7 * tta["ps-sync"],
+                               f"{tta[c]:.0f}s vs {tta['ps-sync']:.0f}s = {tta[c] / tta['ps-sync']:.2f}x"))
         if c in runs and "ps-async" in runs and None not in (acc[c], acc["ps-async"]):
             checks.append((f"{c} median final accuracy >= ps-async's", acc[c] >= acc["ps-async"],
                            f"{acc[c]:.1%} vs {acc['ps-async']:.1%}"))
             checks.append((f"{c} fewer loss spikes than ps-async", spikes[c] < spikes["ps-async"],
                            f"{spikes[c]:g} vs {spikes['ps-async']:g}"))
     peers = [c for c in ("ps-threshold", "ps-stale-lr", "ps-dcasgd") if c in runs and tta.get(c) is not None]
-    if "ps-vsgd" in runs and peers and tta["ps-vsgd"] is None:
-        checks.append(("ps-vsgd time-to-accuracy no worse than the best of threshold, stale-lr, dcasgd", False,
-                       f"ps-vsgd {reached(runs['ps-vsgd'])}"))
-    elif "ps-vsgd" in runs and peers and tta["ps-vsgd"] is not None:
+    if "ps-vsgd" in runs and peers:
+        claim = "ps-vsgd time-to-accuracy no worse than the best of threshold, stale-lr, dcasgd"
         best = min(peers, key=lambda c: tta[c])
-        checks.append(("ps-vsgd time-to-accuracy no worse than the best of threshold, stale-lr, dcasgd",
-                       tta["ps-vsgd"] <= tta[best], f"{tta['ps-vsgd']:.0f}s vs {best} {tta[best]:.0f}s"))
+        if tta["ps-vsgd"] is None:
+            checks.append((claim, False, f"ps-vsgd {reached(runs['ps-vsgd'])}"))
+        else:
+            checks.append((claim, tta["ps-vsgd"] <= tta[best], f"{tta['ps-vsgd']:.0f}s vs {best} {tta[best]:.0f}s"))
     finish(out, lines, checks)
 
 
