@@ -110,6 +110,25 @@ def test_ps_sync_equals_ddp(tmp_path):
     assert s["pushes_applied"] == 12 and s["max_applied_staleness"] == 0 and s["staleness_histogram"] == {"0": 12}
 
 
+def test_evaluation_holds_an_asynchronous_job_still(tmp_path):
+    """Worker 0 evaluates after every step: no server applies or drops a push while it does, and
+    the time other workers were held is reported and left out of their clocks."""
+    out = tmp_path / "run"
+    r = ringps("train", *TINY, "--synthetic-samples", "20000",  # a test split that takes ~30 ms to score
+               "--strategy", "ps-async", "--workers", "3", "--steps", "30", "--eval-every", "1",
+               "--slowdown", "1,2,3", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [(e["began"], e["ended"]) for e in rows if e["kind"] == "eval"]
+    pushes = [p["wall"] for p in rows if p["kind"] == "push"]
+    assert len(evals) >= 10 and len(pushes) >= 90
+    inside = [w for w in pushes if any(a < w < b for a, b in evals)]
+    assert not inside, f"{len(inside)} pushes handled during an evaluation"
+    s = json.loads((out / "summary.json").read_text())
+    paused = [s["per_worker"][w]["paused_s"] for w in ("1", "2")]
+    assert s["per_worker"]["0"]["paused_s"] == 0.0 and all(p > 0.0 for p in paused), paused
+
+
 def _start(tmp_path: Path, strategy: str, workers: int = 3):
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "ringps", "train", *TINY, "--strategy", strategy, "--workers", str(workers),

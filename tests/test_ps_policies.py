@@ -1,6 +1,6 @@
 """Parameter-server policies on a real Server object, driven push by push (no timing involved):
 threshold's bound, threshold(T large) == async, sync == the averaged SGD step, VSGD's weight,
-DC-ASGD's compensation, and the wire header's validation."""
+DC-ASGD's compensation, the wire header's validation, and the evaluation hold."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def replay(policy: str, steps, **ps) -> tuple[Server, list[tuple[int, int]]]:
     seen = []
     for worker, lag, grad in steps:
         version = max(0, server.shard.version - lag)
-        status, _, _ = push(server, worker, version, grad)
+        status, *_ = push(server, worker, version, grad)
         seen.append((server.shard.version - version if status == wire.DROPPED else lag, status))
     return server, seen
 
@@ -54,7 +54,7 @@ def test_threshold_never_applies_a_push_staler_than_T():
     for worker, lag, grad in steps:
         version = max(0, server.shard.version - lag)
         staleness = server.shard.version - version
-        status, _, _ = push(server, worker, version, grad)
+        status, *_ = push(server, worker, version, grad)
         if status == wire.APPLIED:
             applied_staleness.append(staleness)
         else:
@@ -166,11 +166,11 @@ def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
     assert len(pos) == 4 and all(p.numel() >= min(64, piece.numel) for p, piece in zip(pos, server.pieces))
     fresh = torch.cat([server.shard.values[p] for p in pos])
     before = server.shard.values.clone()
-    status, verdict, _ = push(server, 1, 0, torch.ones(server.n), lr=3.0, sample=fresh)  # 3 workers: lr/3
+    status, verdict, *_ = push(server, 1, 0, torch.ones(server.n), lr=3.0, sample=fresh)  # 3 workers: lr/3
     assert status == wire.APPLIED and verdict.weight == 1.0
     assert torch.allclose(server.shard.values, before - 1.0, atol=1e-6)
     far = fresh + 10.0  # values the server never had: distance far beyond 0.5
-    status, verdict, _ = push(server, 2, 0, torch.ones(server.n), sample=far)
+    status, verdict, *_ = push(server, 2, 0, torch.ones(server.n), sample=far)
     assert status == wire.DROPPED and server.dropped == 1
 
 
@@ -197,6 +197,68 @@ def test_dcasgd_adaptive_scales_lambda_by_the_running_mean_square():
     expected = 2 + 0.5 / 15.4 ** 0.5 * 4 * (-0.4)
     assert torch.allclose(server.shard.values, w_before - 0.1 * expected, atol=1e-5)
     assert torch.allclose(server.policy.state_dict()["mean_square"], torch.full((server.n,), 15.4))
+
+
+def fresh_sample(server: Server):
+    """The value sample of a worker whose values equal the server's (None: the policy needs none)."""
+    return torch.cat([server.shard.values[p] for p in server.sample_pos]) if server.policy.needs_sample else None
+
+
+def held_push(server: Server, worker: int) -> tuple[threading.Thread, list]:
+    """Push from `worker` in a thread (as the server's handler thread would); the outcome lands in the list."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(push(server, worker, server.shard.version, torch.ones(server.n), sample=fresh_sample(server)))
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("policy", ["async", "threshold", "vsgd", "sync"])
+def test_a_push_waits_while_another_worker_evaluates(policy):
+    server, _ = make_server(policy, workers=(1, 2), momentum=0.0)
+    server.hold(1, wire.Header(wire.OP_PULL, 1, 0, flags=wire.FLAG_HOLD))
+    t, out = held_push(server, 2)
+    t.join(0.3)
+    assert t.is_alive() and server.shard.version == 0 and not server.pending  # held before anything was judged
+    server.hold(2, wire.Header(wire.OP_PULL, 2, 0, flags=wire.FLAG_RELEASE))  # only the holder can release
+    t.join(0.3)
+    assert t.is_alive()
+    server.hold(1, wire.Header(wire.OP_PULL, 1, 0, flags=wire.FLAG_RELEASE))
+    if policy == "sync":  # the round needs worker 1's push too
+        push(server, 1, 0, torch.ones(server.n))
+    t.join(5)
+    assert not t.is_alive() and not isinstance(out[0], Exception), out
+    assert out[0].status == wire.APPLIED and out[0].paused >= 0.3 and server.shard.version == 1
+    # the holder's own push never waits for itself
+    server.hold(1, wire.Header(wire.OP_PULL, 1, 0, flags=wire.FLAG_HOLD))
+    if policy != "sync":
+        assert push(server, 1, 1, torch.ones(server.n), sample=fresh_sample(server)).paused == 0.0
+
+
+def test_a_dead_evaluator_releases_the_others_and_a_stuck_one_times_out():
+    server, _ = make_server("async", workers=(1, 2), momentum=0.0)
+    server.hold(1, wire.Header(wire.OP_PULL, 1, 0, flags=wire.FLAG_HOLD))
+    t, out = held_push(server, 2)
+    t.join(0.2)
+    assert t.is_alive()
+    with server.shard.cond:  # what `handle` does when worker 1's connection fails
+        server.live.discard(1)
+        server.shard.cond.notify_all()
+    t.join(5)
+    assert out and out[0].status == wire.APPLIED
+    server, _ = make_server("async", workers=(1, 2), momentum=0.0)
+    server.timeout = 0.2
+    server.hold(1, wire.Header(wire.OP_PULL, 1, 0, flags=wire.FLAG_HOLD))
+    t, out = held_push(server, 2)
+    t.join(5)
+    assert "worker rank 2's push waited 0.2s for worker rank 1 to finish evaluating" in str(out[0])
+    assert server.shard.version == 0
 
 
 def good_fields(layout: Layout, **kw) -> wire.Header:

@@ -27,6 +27,7 @@ class PushResult:
     weight: list[float]
     value_staleness: list[float]
     held_s: float  # longest time a server held the reply (sync, ssp)
+    paused_s: float  # longest time a server held the push for another worker's evaluation
     round_trip_s: float
     bytes_sent: int
     bytes_recv: int
@@ -75,13 +76,22 @@ class Client:
             self.versions[s] = h.version if h.op == wire.OP_REPLY and h.payload else self.versions[s]
         return heads
 
-    def pull(self) -> None:
-        fp = self.layout.fingerprint
-        raws, replies = self._post_replies("pull", values=True)
-        works = [(dist.isend(wire.Header(wire.OP_PULL, self.rank, s, fingerprint=fp).encode(), dst=srv,
-                             tag=wire.TAG_HEADER), "sending a pull", srv) for s, srv in enumerate(self.servers)]
+    def pull(self, flags: int = 0) -> None:
+        """The servers' current values into the parameters. flags=FLAG_HOLD also holds every other
+        worker's push until `release` (an evaluation); FLAG_RELEASE sends no values back."""
+        fp, values = self.layout.fingerprint, not flags & wire.FLAG_RELEASE
+        op = "release" if not values else "pull"
+        raws, replies = self._post_replies(op, values=values)
+        works = [(dist.isend(wire.Header(wire.OP_PULL, self.rank, s, fingerprint=fp, flags=flags).encode(), dst=srv,
+                             tag=wire.TAG_HEADER), f"sending a {op}", srv) for s, srv in enumerate(self.servers)]
         self._wait(works)
-        self._replies("pull", raws, replies)
+        self._replies(op, raws, replies)
+
+    def hold(self) -> None:
+        self.pull(wire.FLAG_HOLD)
+
+    def release(self) -> None:
+        self.pull(wire.FLAG_RELEASE)
 
     def push_pull(self, lr: float, step: int) -> PushResult:
         t0 = time.perf_counter()
@@ -107,7 +117,7 @@ class Client:
         return PushResult(
             applied=[h.status == wire.APPLIED for h in heads], staleness=[h.staleness for h in heads],
             weight=[h.weight for h in heads], value_staleness=[h.value_staleness for h in heads],
-            held_s=max(h.held_us for h in heads) / 1e6, round_trip_s=time.perf_counter() - t0,
+            held_s=max(h.held_us for h in heads) / 1e6, paused_s=max(h.paused_us for h in heads) / 1e6, round_trip_s=time.perf_counter() - t0,
             bytes_sent=sent, bytes_recv=recv, global_pushes=max(h.step for h in heads),
         )
 

@@ -109,6 +109,7 @@ class LayeredClient:
         self.lr, self.step_no, self.pushed = 0.0, 0, 0
         self.errors: list[BaseException] = []
         self.waited_s = 0.0  # time forwards spent waiting for updates (exposed communication)
+        self.paused_s = 0.0  # of which the server held this worker's layers for another's evaluation
         self.last: dict = {}  # the latest reply's figures (staleness, global pushes)
         self.global_pushes = 0
         self._inputs: dict[int, torch.Tensor] = {}
@@ -211,6 +212,7 @@ class LayeredClient:
             self._apply_reply(spec, h)
             self.last = {"staleness": max(self.last.get("staleness", 0), h.staleness)} if spec.index else {"staleness": h.staleness}
             self.global_pushes = max(self.global_pushes, h.step)
+            self.paused_s += h.paused_us / 1e6
             self.ready[spec.index].set()
 
     def _apply_reply(self, spec: LayerSpec, h: wire.Header) -> None:
@@ -244,6 +246,17 @@ class LayeredClient:
             self._wait([dist.isend(h.encode(), dst=self.server, tag=wire.TAG_HEADER)], "asking for values")
         self._receive_all()
 
+    def hold(self, release: bool = False) -> None:
+        """Between steps (after `settle`): hold the job still for an evaluation, and fetch the
+        server's current values; or, with `release`, let it go on."""
+        flag = wire.FLAG_RELEASE if release else wire.FLAG_HOLD
+        raw = wire.empty_header()
+        self._wait([dist.isend(wire.Header(wire.OP_PULL, self.rank, 0, fingerprint=self.fp, flags=flag).encode(),
+                               dst=self.server, tag=wire.TAG_HEADER),
+                    dist.irecv(raw, src=self.server, tag=wire.TAG_REPLY)], "releasing" if release else "holding")
+        if not release:
+            self.refresh()
+
     def begin_step(self, lr: float, step: int) -> None:
         self._raise()
         self.lr, self.step_no, self.pushed = lr, step, 0
@@ -276,6 +289,7 @@ class LayerServer(Server):
         # the version each worker's copy of each layer has (None: never synced, send a refresh)
         self.known: dict[int, list] = {w: [None] * len(specs) for w in self.workers}
         self._staleness: dict[int, int] = {}  # the largest layer staleness of each worker's current step
+        self._paused: dict[int, float] = {}  # seconds each worker's current step waited for an evaluation
 
     def _layer_payload(self, spec: LayerSpec, h: wire.Header) -> tuple[Optional[torch.Tensor], Optional[str]]:
         if h.flags & FLAG_REFRESH:
@@ -297,6 +311,7 @@ class LayerServer(Server):
         if spec.method == "sf":  # rebuilt outside the lock, in this worker's own buffer
             g = sf_gradient(spec, payload, h.rows, scratch(self._scratch, (worker, spec.index), spec.numel))
         with s.cond:
+            self._paused[worker] = self._paused.get(worker, 0.0) + self.await_release(worker)
             staleness = self.layer_version[spec.index] - h.version
             verdict = self.policy.judge(staleness)
             if verdict.apply:
@@ -345,8 +360,10 @@ class LayerServer(Server):
                             if spec.method == "sf" else view.clone())
                 self.known[worker][spec.index] = version
                 count = self.applied + self.dropped
+            paused = self._paused.pop(worker, 0.0) if spec is self.specs[0] else 0.0  # told once per step
             h = wire.Header(wire.OP_REPLY, self.rank, 0, version=version, payload=body.numel(), layer=spec.index,
-                            rows=rows, flags=flags, staleness=self._staleness.get(worker, 0), step=count)
+                            rows=rows, flags=flags, staleness=self._staleness.get(worker, 0), step=count,
+                            paused_us=int(paused * 1e6))
             self._reply(worker, h, body)
         self._staleness[worker] = 0
 
@@ -354,6 +371,10 @@ class LayerServer(Server):
         raw = wire.empty_header()
         self._staleness.setdefault(worker, 0)
         while (h := self.next_request(worker, raw, max(self.layer_version))) is not None:
+            if h.op == wire.OP_PULL and h.flags & (wire.FLAG_HOLD | wire.FLAG_RELEASE):
+                self.hold(worker, h)  # the values follow by a refresh (LayeredClient.hold)
+                self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, 0), None)
+                continue
             why = None if h.op == wire.OP_LAYER and 0 <= h.layer < len(self.specs) else f"op {h.op}, layer {h.layer}"
             payload = None
             if why is None:

@@ -1,9 +1,10 @@
 """The parameter-server wire protocol: a validated fixed-size header, then the payload.
 
-A request is a header of 16 int64 (tag HEADER) and, for a push, the shard's gradient (tag
+A request is a header of 21 int64 (tag HEADER) and, for a push, the shard's gradient (tag
 PAYLOAD) and, when the policy needs it, the value sample (tag SAMPLE). A reply is a header (tag
 REPLY) and the shard's current values (tag VALUES). Separate tags keep headers and payloads from
-ever being matched with each other.
+ever being matched with each other. A pull may carry FLAG_HOLD (hold every other worker's push
+until this worker sends FLAG_RELEASE): the evaluating worker of an asynchronous job uses it.
 
 The server checks every header before it touches anything: magic, op, sender, shard, version,
 sizes, layout fingerprint, learning rate, and a checksum over the fields. A refused header is
@@ -21,8 +22,8 @@ from typing import Optional
 
 import torch
 
-MAGIC = 0x5250_4753_0002  # "RPGS", protocol 2
-FIELDS = 20
+MAGIC = 0x5250_4753_0003  # "RPGS", protocol 3
+FIELDS = 21
 TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_VALUES, TAG_SAMPLE = 11, 12, 13, 14, 15
 
 OP_PUSHPULL, OP_PULL, OP_STOP, OP_LAYER, OP_REPLY = 1, 2, 3, 4, 10
@@ -31,6 +32,9 @@ OPS = {OP_PUSHPULL: "push-pull", OP_PULL: "pull", OP_STOP: "stop", OP_LAYER: "la
 DENSE, FP16, TOPK, SF = 0, 1, 2, 3
 METHODS = {DENSE: "dense", FP16: "fp16", TOPK: "topk", SF: "sf"}
 FLAG_END_OF_STEP = 1  # the step's last layer: the server now replies, in priority order
+# OP_PULL: the evaluating worker holds the job still (every other push waits at the server) while
+# it scores the model, so no worker trains in time the evaluator's clock leaves out; RELEASE ends it
+FLAG_HOLD, FLAG_RELEASE = 8, 16
 APPLIED, DROPPED, REFUSED, STOPPED = 0, 1, 2, 3
 STATUS = {APPLIED: "applied", DROPPED: "dropped", REFUSED: "refused", STOPPED: "stopped"}
 _MASK = (1 << 61) - 1
@@ -64,11 +68,12 @@ class Header:
     method: int = DENSE
     rows: int = 0  # sf: batch rows of the factors; topk: k; reply: log entries that follow
     flags: int = 0
+    paused_us: int = 0  # reply: how long this push waited for another worker's evaluation (FLAG_HOLD)
 
     def fields(self) -> list[int]:
         f = [MAGIC, self.op, self.sender, self.shard, self.version, self.payload, self.sample, self.fingerprint,
              f2i(self.lr), self.step, self.status, self.staleness, f2i(self.weight), self.held_us,
-             f2i(self.value_staleness), self.layer, self.method, self.rows, self.flags]
+             f2i(self.value_staleness), self.layer, self.method, self.rows, self.flags, self.paused_us]
         return f + [checksum(f)]
 
     def encode(self) -> torch.Tensor:
@@ -79,7 +84,7 @@ class Header:
         f = t.tolist()
         return cls(op=f[1], sender=f[2], shard=f[3], version=f[4], payload=f[5], sample=f[6], fingerprint=f[7],
                    lr=i2f(f[8]), step=f[9], status=f[10], staleness=f[11], weight=i2f(f[12]), held_us=f[13],
-                   value_staleness=i2f(f[14]), layer=f[15], method=f[16], rows=f[17], flags=f[18])
+                   value_staleness=i2f(f[14]), layer=f[15], method=f[16], rows=f[17], flags=f[18], paused_us=f[19])
 
     @property
     def total(self) -> int:

@@ -8,9 +8,10 @@ and checkpoints, so adding an algorithm is one file plus `@STRATEGIES.register(n
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ class StepStats:
     payload_recv: int = 0
     t_ready: float = 0.0  # time.time() when this worker's gradients were ready (for the wait split)
     applied: bool = True  # False when e.g. a parameter server dropped this worker's push
+    paused_s: float = 0.0  # of exposed_s: held still while another worker evaluated (left out of training time)
     extra: dict[str, Any] = field(default_factory=dict)  # strategy-specific figures for metrics rows
 
 
@@ -103,6 +105,14 @@ class Strategy:
 
     def settle(self) -> None:
         """Finish in-flight updates of the local model (before evaluating or saving it)."""
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Bracket an evaluation of `eval_model()`: the model is settled, and a strategy whose
+        workers do not evaluate together holds the others still until it ends (their training
+        in that time would be left out of the evaluator's clock)."""
+        self.settle()
+        yield
 
     def eval_model(self) -> nn.Module:
         """The module to evaluate (the bare model, never a DDP wrapper)."""

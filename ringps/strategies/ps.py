@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -102,6 +103,7 @@ class ParameterServer(Strategy):
             self.client.pull()
         self.steps = 0
         self.global_pushes = 0
+        self.paused_seen = 0.0
         self.budget = self.total_pushes(ctx)
 
     def total_pushes(self, ctx: WorkerContext) -> int:
@@ -117,6 +119,21 @@ class ParameterServer(Strategy):
     def settle(self) -> None:
         if self.layered is not None:
             self.layered.settle()
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Worker 0 evaluates the servers' current model with every other push held at the
+        servers (see ps/server.py); its next gradient is then computed on fresh values too."""
+        self.settle()
+        c = self.layered or self.client
+        c.hold()
+        try:
+            yield
+        finally:
+            if self.layered is not None:
+                self.layered.hold(release=True)
+            else:
+                self.client.release()
 
     def compute(self, batch, waited=lambda: 0.0) -> tuple[torch.Tensor, float, float]:
         """Forward, --slowdown stretch, backward into the flat gradient buffer. Returns the loss,
@@ -143,14 +160,16 @@ class ParameterServer(Strategy):
             c.begin_step(lr, self.steps)
             loss, compute, waited = self.compute(batch, lambda: c.waited_s)
             self.global_pushes = c.global_pushes
-            return StepStats(loss=loss.item(), compute_s=compute, exposed_s=waited, t_ready=time.time(),
-                             extra={"staleness": c.last.get("staleness", 0)})
+            paused, self.paused_seen = c.paused_s - self.paused_seen, c.paused_s
+            return StepStats(loss=loss.item(), compute_s=compute, exposed_s=max(0.0, waited - paused), t_ready=time.time(),
+                             paused_s=min(paused, waited), extra={"staleness": c.last.get("staleness", 0)})
         loss, compute, _ = self.compute(batch)
         ready = time.time()
         res = self.client.push_pull(lr, self.steps)
         self.global_pushes = res.global_pushes
         return StepStats(
-            loss=loss.item(), compute_s=compute, exposed_s=res.round_trip_s, wait_s=res.held_s,
+            loss=loss.item(), compute_s=compute, exposed_s=res.round_trip_s - res.paused_s, wait_s=res.held_s,
+            paused_s=res.paused_s,
             payload_sent=res.bytes_sent, payload_recv=res.bytes_recv, t_ready=ready, applied=all(res.applied),
             extra={"staleness": max(res.staleness), "value_staleness": max(res.value_staleness),
                    "weight": min(res.weight)},

@@ -106,6 +106,7 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
             "compute_s": compute,
             "comm_s": sum(r["comm_s"] for r in rs),
             "wait_s": sum(r["wait_s"] for r in rs),
+            "paused_s": sum(r.get("paused_s") or 0.0 for r in rs),  # held for another worker's evaluation (left out)
             "utilization": compute / wall,
             "bytes_sent": sum(r["bytes_sent"] for r in rs),
             "bytes_recv": sum(r["bytes_recv"] for r in rs),

@@ -61,6 +61,10 @@ class Clock:
             self.start += time.perf_counter() - self._paused_at
             self._paused_at = None
 
+    def skip(self, seconds: float) -> None:
+        """Leave out `seconds` that just passed (e.g. waiting for another worker's evaluation)."""
+        self.start += max(0.0, seconds)
+
 
 @dataclass
 class TrainResult:
@@ -140,12 +144,13 @@ class Trainer:
                 before = self.tcp.read()
                 stats = self.strategy.step(batch)
                 moved = self.tcp.read() - before
+                clock.skip(stats.paused_s)  # held still while another worker evaluated
                 self.step += 1
                 self.recorder.write(
                     "step", worker=ctx.worker, step=self.step, progress=at + 1, epoch=epoch, t=clock.now(), wall=time.time(),
                     loss=stats.loss, lr=lr, compute_s=stats.compute_s, exposed_s=stats.exposed_s,
                     wait_s=stats.wait_s, t_ready=stats.t_ready, bytes_sent=moved.sent, bytes_recv=moved.recv,
-                    payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
+                    payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied, paused_s=stats.paused_s,
                     **stats.extra,
                 )
                 last = self.strategy.finished() if budgeted else self.step >= self.total_steps
@@ -168,10 +173,12 @@ class Trainer:
         clock.pause()
         self.where = f"evaluation after step {self.step}"
         ctx, s = self.ctx, self.strategy
-        s.settle()
         parts = ctx.workers if s.collective_eval else 1
         part = ctx.worker if s.collective_eval else 0
-        res = evaluate(s.eval_model(), self.data.test, self.stats, ctx.device, part, parts, ctx.group)
+        with s.evaluating():
+            began = time.time()
+            res = evaluate(s.eval_model(), self.data.test, self.stats, ctx.device, part, parts, ctx.group)
+            ended = time.time()
         t = clock.now()
         clock.resume()
         self.last_accuracy = res.accuracy
@@ -179,5 +186,5 @@ class Trainer:
         if target is not None and self.reached_at is None and res.accuracy >= target:
             self.reached_at = t
         self.recorder.write("eval", worker=ctx.worker, step=self.step, epoch=epoch, t=t, wall=time.time(),
-                            accuracy=res.accuracy, test_loss=res.loss, samples=res.samples)
+                            began=began, ended=ended, accuracy=res.accuracy, test_loss=res.loss, samples=res.samples)
         return bool(self.cfg.train.stop_at_target and self.reached_at is not None and s.collective_eval)
