@@ -9,6 +9,7 @@ is printed next to each median: that is how noisy the machine was.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -113,6 +114,13 @@ def strip(results: dict) -> dict:
 
 
 def med(runs: list[dict], key: str) -> Optional[float]:
+    """The median over all runs. A time-to-accuracy of a run that never reached the target counts
+    as slower than any that did (the median over the reached runs alone would flatter a policy
+    that fails some seeds); None when the median itself is such a run, or when more than half
+    the runs lack the figure."""
+    if key == "time_to_accuracy_s":
+        m = statistics.median([math.inf if r.get(key) is None else r[key] for r in runs]) if runs else math.inf
+        return None if math.isinf(m) else m
     vals = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(vals) if vals and len(vals) * 2 > len(runs) else None
 

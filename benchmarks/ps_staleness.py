@@ -56,7 +56,7 @@ def main() -> None:
                 checks.append((claim, False, f"{c} {reached(runs[c])}"))
             elif tta["ps-sync"] is not None:
                 checks.append((claim, tta[c] <= 0.7 * tta["ps-sync"],
-                               f"{tta[c]:.0f}s vs {tta['ps-sync']:.0f}s = {tta[c] / tta['ps-sync']:.2f}x"))
+                               f"{tta[c]:.1f}s vs {tta['ps-sync']:.1f}s = {tta[c] / tta['ps-sync']:.3f}x"))
         if c in runs and "ps-async" in runs and None not in (acc[c], acc["ps-async"]):
             checks.append((f"{c} median final accuracy >= ps-async's", acc[c] >= acc["ps-async"],
                            f"{acc[c]:.1%} vs {acc['ps-async']:.1%}"))
