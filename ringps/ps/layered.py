@@ -246,16 +246,20 @@ class LayeredClient:
             self._wait([dist.isend(h.encode(), dst=self.server, tag=wire.TAG_HEADER)], "asking for values")
         self._receive_all()
 
-    def hold(self, release: bool = False) -> None:
-        """Between steps (after `settle`): hold the job still for an evaluation, and fetch the
-        server's current values; or, with `release`, let it go on."""
-        flag = wire.FLAG_RELEASE if release else wire.FLAG_HOLD
+    def _pull_flag(self, flag: int, what: str) -> None:
         raw = wire.empty_header()
         self._wait([dist.isend(wire.Header(wire.OP_PULL, self.rank, 0, fingerprint=self.fp, flags=flag).encode(),
                                dst=self.server, tag=wire.TAG_HEADER),
-                    dist.irecv(raw, src=self.server, tag=wire.TAG_REPLY)], "releasing" if release else "holding")
-        if not release:
-            self.refresh()
+                    dist.irecv(raw, src=self.server, tag=wire.TAG_REPLY)], what)
+
+    def hold(self) -> None:
+        """Between steps (after `settle`): hold the job still for an evaluation, and fetch the
+        server's current values."""
+        self._pull_flag(wire.FLAG_HOLD, "holding the job for an evaluation")
+        self.refresh()
+
+    def release(self) -> None:
+        self._pull_flag(wire.FLAG_RELEASE, "releasing the job after an evaluation")
 
     def begin_step(self, lr: float, step: int) -> None:
         self._raise()

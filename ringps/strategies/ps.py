@@ -130,10 +130,7 @@ class ParameterServer(Strategy):
         try:
             yield
         finally:
-            if self.layered is not None:
-                self.layered.hold(release=True)
-            else:
-                self.client.release()
+            c.release()
 
     def compute(self, batch, waited=lambda: 0.0) -> tuple[torch.Tensor, float, float]:
         """Forward, --slowdown stretch, backward into the flat gradient buffer. Returns the loss,

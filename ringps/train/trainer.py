@@ -150,8 +150,8 @@ class Trainer:
                     "step", worker=ctx.worker, step=self.step, progress=at + 1, epoch=epoch, t=clock.now(), wall=time.time(),
                     loss=stats.loss, lr=lr, compute_s=stats.compute_s, exposed_s=stats.exposed_s,
                     wait_s=stats.wait_s, t_ready=stats.t_ready, bytes_sent=moved.sent, bytes_recv=moved.recv,
-                    payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied, paused_s=stats.paused_s,
-                    **stats.extra,
+                    payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
+                    paused_s=stats.paused_s, **stats.extra,
                 )
                 last = self.strategy.finished() if budgeted else self.step >= self.total_steps
                 last = last or self.step >= cap
