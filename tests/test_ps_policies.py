@@ -1,6 +1,7 @@
-"""Parameter-server policies on a real Server object, driven push by push (no timing involved):
-threshold's bound, threshold(T large) == async, sync == the averaged SGD step, VSGD's weight,
-DC-ASGD's compensation, the wire header's validation, and the evaluation hold."""
+"""Parameter-server policies on a real Server object, driven push by push: threshold's bound,
+threshold(T large) == async, sync == the averaged SGD step, VSGD's weight, DC-ASGD's
+compensation, the wire header's validation (none of these involve timing), and the evaluation
+hold (a pushing thread must still be waiting after a short join)."""
 
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def test_vsgd_push_scope_gives_every_tensor_the_median_weight():
 def test_vsgd_relative_history_survives_a_server_checkpoint(tmp_path):
     server, _ = make_server("vsgd", vsgd_weight="relative:2")
     server.out_dir = tmp_path
-    pulled = torch.cat([server.shard.values[p] for p in server.sample_pos])
+    pulled = fresh_sample(server)  # the initial values: every later push is further from them
     for i in range(10):
         push(server, 1 + i % 3, server.shard.version, torch.randn(server.n), sample=pulled)
     server.save_checkpoint()
@@ -164,7 +165,7 @@ def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
     server, layout = make_server("vsgd", vsgd_drop=0.5, vsgd_weight="linear:1.0", momentum=0.0)
     pos = server.sample_pos
     assert len(pos) == 4 and all(p.numel() >= min(64, piece.numel) for p, piece in zip(pos, server.pieces))
-    fresh = torch.cat([server.shard.values[p] for p in pos])
+    fresh = fresh_sample(server)
     before = server.shard.values.clone()
     status, verdict, *_ = push(server, 1, 0, torch.ones(server.n), lr=3.0, sample=fresh)  # 3 workers: lr/3
     assert status == wire.APPLIED and verdict.weight == 1.0
