@@ -2,8 +2,8 @@
 print ratio tables and write everything to one folder a user can diff.
 
 Each repeat runs every contender once, in turn (interleaved, so slow drift of this shared
-machine hits all of them alike), with seed = repeat index. The spread (min..max over repeats)
-is printed next to each median: that is how noisy the machine was.
+machine hits all of them alike), with seed = repeat index (plus --first-seed where offered). The
+spread (min..max over repeats) is printed next to each median: that is how noisy the machine was.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ def guarded(main: Callable[[], None]) -> None:
 
 
 def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[str, dict[str, Any]],
-               repeats: int, common: dict[str, Any], out: Optional[Path] = None) -> tuple[Path, dict]:
+               repeats: int, common: dict[str, Any], out: Optional[Path] = None, first_seed: int = 0) -> tuple[Path, dict]:
     """settings: label -> options (e.g. {"net": "100mbit"}); contenders: label -> options.
+    Repeat i runs with seed first_seed + i (folder suffix r<seed>).
     Returns the output folder and {setting: {contender: [summary per repeat]}}.
 
     Given an existing `out` (--out DIR of the scripts), runs whose summary.json is already there
@@ -62,7 +63,7 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
     done = 0
     for slabel, sopts in settings.items():
         results[slabel] = {c: [] for c in contenders}
-        for rep in range(repeats):
+        for rep in range(first_seed, first_seed + repeats):
             for clabel, copts in contenders.items():
                 done += 1
                 opts = {**common, **sopts, **copts, "seed": rep, "progress": False,

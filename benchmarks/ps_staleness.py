@@ -27,6 +27,8 @@ def main() -> None:
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help="comma-separated; NAME+key=value adds an option (a variant: ps-dcasgd+dcasgd_lambda=0)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + repeats - 1 "
+                   "(an experiment that picks a default runs on other seeds than the bar)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--extra", default="", help="more options for every run, as key=value,key=value")
@@ -36,12 +38,14 @@ def main() -> None:
     contenders = contenders_from(args.contenders, lambda name: {"strategy": name})
     common = {"dataset": "orl-faces", "model": "facenet", "workers": 4, "servers": 1, "slowdown": "1,1,2,4",
               "epochs": args.epochs, "target_accuracy": args.target, **extra}
-    out, results = run_matrix("ps-staleness", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out)
+    out, results = run_matrix("ps-staleness", {"slowdown-1-1-2-4": {}}, contenders, args.repeats, common, args.out,
+                                args.first_seed)
     runs = results["slowdown-1-1-2-4"]
     ref = "ps-sync" if "ps-sync" in runs else next(iter(runs))
     console.print(table("ratios to " + ref, runs, ref))
     lines = [f"parameter-server benchmark: facenet / orl-faces / 4 workers, slowdown 1,1,2,4 / 1 server / "
-             f"{args.epochs} epochs of work / target {args.target:.0%} / {args.repeats} seeds, medians"]
+             f"{args.epochs} epochs of work / target {args.target:.0%} / "
+             f"seeds {args.first_seed}..{args.first_seed + args.repeats - 1}, medians"]
     for c, rs in runs.items():
         lines.append(f"{c}: median time-to-accuracy {med(rs, 'time_to_accuracy_s')} ({reached(rs)}), final {med(rs, 'final_accuracy')}, "
                      f"spikes {med(rs, 'loss_spikes')}, accuracy setbacks {med(rs, 'accuracy_setbacks')}")

@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ps.add_argument("--params", type=float, default=1e6, help="parameters on the server")
     ps.add_argument("--workers", type=int, default=3)
     ps.add_argument("--seconds", type=float, default=5.0)
+    ps.add_argument("--policy", default="async", help="server policy (vsgd: pushes carry the value sample)")
     ps.add_argument("--slow-link", default=None, metavar="RATE",
                     help="also run with worker 0 behind a RATE link (others and the server at 10gbit) and compare")
 
@@ -125,7 +126,12 @@ def run_ps(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: must be >= 1")
-    module_args = ["--params", str(args.params), "--seconds", str(args.seconds)]
+    from ringps.ps import POLICIES
+
+    policy = POLICIES.get(args.policy)  # an unknown name: ConfigError naming the known ones
+    if policy.synchronous or policy.bounded:
+        raise ConfigError(f"--policy {args.policy}: the throughput bench needs a policy where no push waits for another")
+    module_args = ["--params", str(args.params), "--seconds", str(args.seconds), "--policy", args.policy]
     world = args.workers + 1
     console = wide_console()
     runs = [("loopback", None)]
@@ -155,7 +161,7 @@ def run_ps(args: argparse.Namespace) -> int:
         t.add_row(label, f"{server['pushes_per_s']:.1f}", ", ".join(f"w{r['rank']}: {r['pushes_per_s']:.1f}" for r in ws),
                   ", ".join(f"{1e3 * r['round_trip_median_s']:.1f} ms" for r in ws))
     console.print(f"{args.params:.0e} parameters ({args.params * 4 / 1e6:.0f} MB pushed and pulled per round trip), "
-                  f"{args.workers} workers, 1 server, {args.seconds:g}s each")
+                  f"{args.workers} workers, 1 server, policy {args.policy}, {args.seconds:g}s each")
     console.print(t)
     if len(results) == 2:
         fast = [[r["pushes_per_s"] for r in res if r["role"] == "worker" and r["rank"] != 0] for _, res in results]

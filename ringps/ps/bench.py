@@ -2,8 +2,9 @@
 
     python -m ringps.ps.bench --params 1e6 --seconds 5       (as W workers + 1 server)
 
-No model compute: a flat 1-D parameter of the given size, async policy. Every worker reports its
-pushes and round trips; the server its pushes per second (first push to last).
+No model compute: a flat 1-D parameter of the given size under the given policy (async by
+default; vsgd adds its value sample to every push). Every worker reports its pushes and round
+trips; the server its pushes per second (first push to last).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--params", type=float, default=1e6)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--policy", default="async")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
@@ -38,7 +40,8 @@ def main(argv: list[str]) -> int:
     model = nn.Module()
     model.w = nn.Parameter(torch.zeros(int(args.params)))
     layout = Layout.of(model, servers=1)
-    policy = POLICIES.build("async", validate({}))
+    cfg = validate({})
+    policy = POLICIES.build(args.policy, cfg)
     if rank == server_rank:
         server = Server(rank, 0, workers, layout, policy, model.w.detach().clone(), 0.9, 0.0, timeout=120.0)
         server.serve()
@@ -47,7 +50,8 @@ def main(argv: list[str]) -> int:
                           "pushes": stats["pushes_applied"] + stats["pushes_dropped"]}), flush=True)
     else:
         values, grads = flatten_into(model, layout)
-        client = Client(rank, (server_rank,), layout, values, grads, timeout=120.0)
+        fraction = cfg.ps.vsgd_sample if policy.needs_sample else None
+        client = Client(rank, (server_rank,), layout, values, grads, timeout=120.0, sample_fraction=fraction)
         client.pull()
         grads.normal_()
         trips, t0 = [], time.perf_counter()

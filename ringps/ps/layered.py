@@ -304,7 +304,7 @@ class LayerServer(Server):
             return None, f"layer {spec.name}: {wire.METHODS.get(h.method, h.method)} payload {h.payload} does not match the plan"
         dtype = torch.float16 if spec.method == "fp16" else torch.float32
         buf = torch.empty(h.payload, dtype=dtype)
-        self._recv(buf, h.sender, wire.TAG_PAYLOAD, "a layer payload")
+        self._recv(h.sender, (buf, wire.TAG_PAYLOAD, f"layer {spec.name}'s payload"))
         return buf, None
 
     def _apply_layer(self, worker: int, spec: LayerSpec, h: wire.Header, payload: torch.Tensor) -> None:
