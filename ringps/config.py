@@ -191,7 +191,9 @@ class CompressConfig(Section):
 class PSConfig(Section):
     """Parameter servers and their staleness policies (read by the ps-* strategies)."""
 
-    staleness_threshold: int = Field(4, ge=0, description="T: threshold drops pushes older than T versions; ssp's bound")
+    staleness_threshold: Optional[int] = Field(
+        None, ge=0, description="T: threshold drops pushes more than T versions stale (default 2 x (workers - 1): "
+        "keeps workers up to about 2x slower than the rest, docs/RESULTS.md); ssp's bound in pushes (default 4)")
     vsgd_sample: float = Field(0.01, gt=0, le=1, description="vsgd: fraction of each tensor's values sent along (at least 64)")
     vsgd_weight: str = Field("relative:2", description="vsgd: weight f(d) as NAME:SCALE, NAME in exp, inverse, linear, relative, none")
     vsgd_drop: Optional[float] = Field(None, gt=0, description="vsgd: drop a push whose relative value distance exceeds this")

@@ -64,6 +64,15 @@ def test_threshold_never_applies_a_push_staler_than_T():
     assert server.dropped > 0 and server.applied == len(applied_staleness)
 
 
+def test_threshold_default_follows_the_workers_and_ssp_keeps_its_bound():
+    for workers, t in ((1, 0), (4, 6), (8, 14)):
+        assert POLICIES.build("threshold", config(workers=workers)).threshold == t
+        assert POLICIES.build("ssp", config(workers=workers)).threshold == 4
+    assert POLICIES.build("threshold", config(workers=8, staleness_threshold=3)).threshold == 3
+    assert make_server("threshold")[0].stats()["staleness_threshold"] == 6  # the config's 4 workers
+    assert make_server("async")[0].stats()["staleness_threshold"] is None
+
+
 def test_threshold_with_large_T_equals_async():
     steps = script(make_server("async")[0].n)
     a, _ = replay("async", steps)
@@ -119,6 +128,24 @@ def test_vsgd_weight_is_one_at_zero_distance_and_falls():
         f = POLICIES.build("vsgd", config(vsgd_weight=f"{name}:0.05"))
         ws = f.weights([0.0, 0.01, 0.02, 0.04])
         assert ws[0] == 1.0 and ws == sorted(ws, reverse=True)
+
+
+def test_vsgd_distances_equal_a_per_tensor_norm():
+    """The segment-sum distances against the definition, tensor by tensor; sizes that differ a
+    lot (one position, a whole tensor) and a tensor the worker's values match exactly."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(5000, generator=g)
+    pos = [torch.tensor([7]), torch.arange(100, 1100, 3), torch.arange(1100, 5000)]
+    pulled = torch.cat([w[p] + 0.05 * torch.randn(p.numel(), generator=g) for p in pos])
+    pulled[0] = w[7]  # the first tensor unchanged: distance 0
+    got = POLICIES.build("vsgd", config()).distances(w, pos, pulled)
+    want, start = [], 0
+    for p in pos:
+        was = pulled[start : start + p.numel()]
+        start += p.numel()
+        want.append(float(torch.linalg.vector_norm(w[p] - was) / torch.linalg.vector_norm(w[p])))
+    assert got[0] == 0.0 and want[1] > 0.01
+    assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_vsgd_relative_weight_keeps_typical_pushes_whole_and_weighs_down_far_ones():

@@ -2,7 +2,8 @@
 
 - `sync` (BSP): wait for one push of the version from every live worker, apply their mean.
 - `async` (ASGD): apply every push at once.
-- `threshold` (expiration): staleness s = server version - push version; drop when s > T.
+- `threshold` (expiration): staleness s = server version - push version; drop when s > T
+  (default T = 2 x (workers - 1)).
 - `ssp` (Ho et al. 2013): a worker more than T pushes ahead of the slowest live one waits.
 - `stale-lr` (Zhang et al. 2016): apply with learning rate lr / max(1, s).
 - `dcasgd` (Zheng et al. 2017): g + lambda * g * g * (w_now - w_pulled), w_pulled being the
@@ -51,9 +52,16 @@ class Policy:
     needs_sample = False  # pushes carry the pulled values at the VSGD sample positions
     needs_backup = False  # the server keeps the values it last sent each worker (DC-ASGD)
     layer_aware = False  # works per layer message (--layer-strategy auto)
+    uses_threshold = False  # reads --staleness-threshold (threshold, ssp)
+
+    DEFAULT_THRESHOLD = 4  # ssp: how many pushes a worker may run ahead of the slowest
 
     def __init__(self, cfg):
-        self.threshold = cfg.ps.staleness_threshold
+        t = cfg.ps.staleness_threshold
+        self.threshold = self.default_threshold(cfg.run.workers) if t is None else t
+
+    def default_threshold(self, workers: int) -> int:
+        return self.DEFAULT_THRESHOLD
 
     def judge(self, staleness: int) -> Verdict:
         return Verdict(True)
@@ -82,6 +90,13 @@ class Async(Policy):
 @POLICIES.register("threshold")
 class Threshold(Policy):
     layer_aware = True
+    uses_threshold = True
+
+    def default_threshold(self, workers: int) -> int:
+        # with N workers of one speed a push is about N - 1 versions stale (each other worker
+        # pushed once meanwhile); twice that keeps a worker up to ~2x slower than the rest and
+        # drops the ones slower still (T = 4, 6, 8 at N = 4 measured: docs/RESULTS.md)
+        return 2 * (workers - 1)
 
     def judge(self, staleness: int) -> Verdict:
         if staleness > self.threshold:
@@ -92,6 +107,7 @@ class Threshold(Policy):
 @POLICIES.register("ssp")
 class SSP(Policy):
     bounded = True
+    uses_threshold = True
 
 
 @POLICIES.register("stale-lr")

@@ -371,4 +371,6 @@ class Server:
             "pushes_per_s": (pushes - 1) / duration if pushes > 1 else 0.0, "version": self.shard.version,
             "mean_value_staleness": sum(vs) / len(vs) if vs else None,
             "failed_workers": {int(k): v for k, v in self.failed.items()},
+            # the T in effect (threshold's default depends on the number of workers)
+            "staleness_threshold": self.policy.threshold if self.policy.uses_threshold else None,
         }

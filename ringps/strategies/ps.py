@@ -220,6 +220,7 @@ class ParameterServer(Strategy):
             "staleness_histogram": dict(sorted(hist.items())),
             "pushes_per_s": {str(s["server"]): s["pushes_per_s"] for s in servers},
             "policy": cls.policy_name,
+            "staleness_threshold": servers[0].get("staleness_threshold"),
         }
 
 
