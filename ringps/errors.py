@@ -1,6 +1,12 @@
 """Exceptions that carry a message meant for the user (one line, says what to do next)."""
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (gloo's carry a stack dump), or its type's name."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class RingpsError(Exception):
     """Base class: the CLI prints `ringps: <message>` and exits non-zero, no traceback."""
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringps.comm.meter import PayloadMeter
-from ringps.errors import CommTimeout
+from ringps.errors import CommTimeout, first_line
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Ring:
         except RuntimeError as e:
             raise CommTimeout(
                 f"rank {self.global_rank(self.rank)}: {what} with rank {self.global_rank(peer)} failed "
-                f"after up to {self.timeout:g}s: {str(e).splitlines()[0]}"
+                f"after up to {self.timeout:g}s: {first_line(e)}"
             ) from None
         if ok is False:
             raise CommTimeout(f"rank {self.global_rank(self.rank)}: timed out after {self.timeout:g}s "

@@ -28,7 +28,7 @@ import yaml
 from ringps.config import Config, validate
 from ringps.data import load_dataset
 from ringps.data.loader import steps_per_epoch
-from ringps.errors import RingpsError
+from ringps.errors import RingpsError, first_line
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES, WorkerContext
 from ringps.strategies.base import Stretch
@@ -54,7 +54,7 @@ def pick_backend(cfg: Config) -> str:
 def describe(e: BaseException, rank: int, phase: Optional[str], timeout: float) -> str:
     """One line for the user: which rank, where, and what went wrong."""
     where = f"rank {rank}" + (f" during {phase}" if phase else "")
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = first_line(e)
     if isinstance(e, RingpsError):
         return f"{where}: {text}"
     low = text.lower()

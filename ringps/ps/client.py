@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ringps.errors import CommTimeout, ProtocolError
+from ringps.errors import CommTimeout, ProtocolError, first_line
 from ringps.ps import wire
 from ringps.ps.layout import Layout
 
@@ -50,7 +50,7 @@ class Client:
                 work.wait(timeout=timedelta(seconds=self.timeout))
             except RuntimeError as e:
                 raise CommTimeout(f"rank {self.rank}: {what} with server rank {server} failed after up to "
-                                  f"{self.timeout:g}s: {str(e).splitlines()[0]}") from None
+                                  f"{self.timeout:g}s: {first_line(e)}") from None
 
     def _post_replies(self, op: str, values: bool) -> tuple[list[torch.Tensor], list]:
         """Post the receives of every server's reply header (and values, straight into the

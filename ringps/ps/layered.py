@@ -31,7 +31,7 @@ import torch.nn as nn
 from ringps.comm.thread import CommThread
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold
-from ringps.errors import CommTimeout, ProtocolError, WorkerFailed
+from ringps.errors import CommTimeout, ProtocolError, WorkerFailed, first_line
 from ringps.ps import wire
 from ringps.ps.server import Server, sgd_step
 
@@ -172,7 +172,7 @@ class LayeredClient:
                 w.wait(timeout=timedelta(seconds=self.timeout))
             except RuntimeError as e:
                 raise CommTimeout(f"rank {self.rank}: {what} with server rank {self.server} failed after up to "
-                                  f"{self.timeout:g}s: {str(e).splitlines()[0]}") from None
+                                  f"{self.timeout:g}s: {first_line(e)}") from None
 
     def _payload(self, spec: LayerSpec) -> tuple[torch.Tensor, int]:
         """Taken in the autograd thread, right when the layer's gradient is complete."""

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from ringps.errors import CommTimeout, WorkerFailed
+from ringps.errors import CommTimeout, WorkerFailed, first_line
 from ringps.ps import wire
 from ringps.ps.layout import Layout
 from ringps.ps.policies import VSGD, Policy
@@ -228,7 +228,7 @@ class Server:
                 work.wait(timeout=timedelta(seconds=self.timeout))
             except RuntimeError as e:
                 raise CommTimeout(f"server rank {self.rank}: receiving {what} from worker rank {src} failed after up "
-                                  f"to {self.timeout:g}s: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from None
+                                  f"to {self.timeout:g}s: {first_line(e)}") from None
 
     def _reply(self, dst: int, header: wire.Header, values: Optional[torch.Tensor]) -> None:
         works = [dist.isend(header.encode(), dst=dst, tag=wire.TAG_REPLY)]
@@ -245,7 +245,7 @@ class Server:
             raise
         except Exception as e:  # noqa: BLE001 - a worker that dies or goes silent
             with self.shard.cond:
-                self.failed[worker] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.failed[worker] = first_line(e)
         finally:
             with self.shard.cond:
                 self.live.discard(worker)
