@@ -205,12 +205,11 @@ class PSConfig(Section):
         False, description="dcasgd: DC-ASGD-a, strength lambda / sqrt(running mean of g*g) per entry (the paper uses "
         "lambda 2 with it); off: a constant lambda, as MXNet's DCASGD optimizer")
     ps_checkpoint_every: int = Field(0, ge=0, description="servers save a checkpoint every N versions (0: never)")
-    slice_size: int = Field(1 << 20, ge=1024, description="largest slice of a shard on the wire, in entries")
 
     @field_validator("vsgd_weight")
     @classmethod
     def _weight(cls, v: str) -> str:
-        from ringps.ps.policies import parse_weight
+        from ringps.ps.policies.vsgd import parse_weight
 
         parse_weight(v)
         return v

@@ -39,8 +39,8 @@ def test_bench_ps_counts_pushes():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--strategy", "ps-sync", "--layer-strategy", "auto"], "ps-sync cannot work layer by layer"),
-    (["--strategy", "ps-async", "--layer-strategy", "auto", "--servers", "2"], "runs with one server"),
+    (["--strategy", "ps-sync", "--optimizer", "adam"], "the parameter servers run momentum SGD (ps-sync)"),
+    (["--strategy", "ps-threshold", "--layer-strategy", "auto", "--optimizer", "adam"], "use --optimizer sgd"),
     (["--strategy", "ps-vsgd", "--vsgd-weight", "cubic:1"], "unknown weight function 'cubic'"),
 ])
 def test_option_combinations_are_checked_before_anything_starts(args, message, tmp_path):

@@ -64,15 +64,31 @@ def test_factors_are_not_offered_when_they_are_larger_than_the_weight():
 
 
 @pytest.mark.parametrize("servers", [1, 2, 3, 4, 7])
-def test_partition_is_balanced_and_slices_bounded(servers):
+def test_contiguous_shards_are_balanced(servers):
     model = build_model("facenet", (1, 112, 92), 40)
-    layout = Layout.of(model, servers=servers, slice_size=1 << 18)
+    layout = Layout.of(model, servers=servers)
     sizes = [layout.shard_numel(s) for s in range(servers)]
-    assert sum(sizes) == layout.numel
-    assert max(sizes) <= 1.1 * min(sizes)
-    for s in range(servers):
-        assert all(n <= 1 << 18 for _, n in layout.slices(s))
-        assert sum(n for _, n in layout.slices(s)) == sizes[s]
+    assert sum(sizes) == layout.numel and max(sizes) <= 1.1 * min(sizes)
+    assert sum(len(layout.pieces(s)) for s in range(servers)) >= len(layout.names)
+
+
+def test_the_planner_places_whole_layers_and_balances_the_servers():
+    prof = synthetic_profile()
+    prof.layers.append(LayerProfile("fc3", "fc", 10_000_000, 40_000_000, 0.01, 0.02, (1000, 10000), 10000, 1000))
+    plan = make_plan(prof, workers=4, servers=2, worker_bps=1e7, methods=("dense",))
+    by = {l.name: l.server for l in plan.layers}
+    assert by["fc1"] != by["fc3"]  # the two heavy layers on different servers
+    one = make_plan(prof, workers=4, servers=1, worker_bps=1e7, methods=("dense",))
+    assert plan.predict()["server_link_s"] < 0.6 * one.predict()["server_link_s"]
+    # the layout follows the placement: each server's shard is its layers, local offsets line up
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2), nn.Linear(2, 2))
+    layout = Layout.of(model, 2).placed({"0.weight": 1, "0.bias": 1, "1.weight": 0, "1.bias": 0, "2.weight": 1, "2.bias": 1})
+    assert layout.ranges(1) == [(0, 15), (23, 29)] and layout.ranges(0) == [(15, 23)]
+    assert layout.shard_numel(0) + layout.shard_numel(1) == layout.numel and layout.local(1, 23) == 15
+    flat = torch.arange(29.0)
+    from ringps.ps.layout import gather
+    assert gather(flat, layout, 1).tolist() == list(range(15)) + list(range(23, 29))
+    assert layout.fingerprint != Layout.of(model, 2).fingerprint
 
 
 def test_sufficient_factors_reproduce_the_fc_gradient():
@@ -119,15 +135,15 @@ def layered_pair(rank, world, steps):
         server = LayerServer(0, 0, [1], layout, POLICIES.build("async", config()), init, 0.9, 5e-4,
                              timeout=30.0, specs=specs)
         arrivals = []
-        orig = server._apply_layer
-        server._apply_layer = lambda w, s, h, p: (arrivals.append(s.index), orig(w, s, h, p))[1]
+        orig = server._layer_payload
+        server._layer_payload = lambda h: (arrivals.append(h.layer), orig(h))[1]
         server.serve()
         return server.shard.values.clone(), arrivals
     values, grads = flatten_into(model, layout)
-    client = LayeredClient(1, 0, model, specs, values, grads, layout.fingerprint, 30.0, 0.9, 5e-4)
+    client = LayeredClient(1, (0,), model, specs, layout, values, grads, 30.0, 0.9, 5e-4)
     received = []
     orig = client._apply_reply
-    client._apply_reply = lambda s, h: (received.append(s.index), orig(s, h))[1]
+    client._apply_reply = lambda s, h, srv: (received.append(s.index), orig(s, h, srv))[1]
     client.refresh()
     for step in range(steps):
         client.begin_step(0.05, step + 1)

@@ -204,8 +204,7 @@ def test_vsgd_drops_beyond_the_drop_distance_and_weighs_each_tensor():
 
 def test_dcasgd_compensates_with_the_values_sent_to_that_worker():
     server, _ = make_server("dcasgd", momentum=0.0, dcasgd_lambda=0.5)
-    server.snapshot[1].copy_(server.shard.values)
-    server.sent_once.add(1)
+    server.policy.sent(1, server.shard.values)  # what the server last sent worker 1
     push(server, 2, 0, torch.ones(server.n), lr=0.3)  # moves the values by -0.1 (lr / 3 workers)
     w_before = server.shard.values.clone()
     g = torch.full((server.n,), 2.0)
@@ -216,8 +215,7 @@ def test_dcasgd_compensates_with_the_values_sent_to_that_worker():
 
 def test_dcasgd_adaptive_scales_lambda_by_the_running_mean_square():
     server, _ = make_server("dcasgd", momentum=0.0, dcasgd_lambda=0.5, dcasgd_adaptive=True)
-    server.snapshot[1].copy_(server.shard.values)
-    server.sent_once.add(1)
+    server.policy.sent(1, server.shard.values)  # what the server last sent worker 1
     push(server, 2, 0, torch.full((server.n,), 4.0), lr=0.3)  # v = 16; values move by -0.4
     w_before = server.shard.values.clone()
     push(server, 1, 0, torch.full((server.n,), 2.0), lr=0.3)
@@ -253,7 +251,7 @@ def test_a_push_waits_while_another_worker_evaluates(policy):
     server.hold(1, wire.Header(wire.OP_PULL, 1, 0, flags=wire.FLAG_HOLD))
     t, out = held_push(server, 2)
     t.join(0.3)
-    assert t.is_alive() and server.shard.version == 0 and not server.pending  # held before anything was judged
+    assert t.is_alive() and server.shard.version == 0 and server.applied == 0  # held before anything was judged
     server.hold(2, wire.Header(wire.OP_PULL, 2, 0, flags=wire.FLAG_RELEASE))  # only the holder can release
     t.join(0.3)
     assert t.is_alive()

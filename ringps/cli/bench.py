@@ -128,8 +128,10 @@ def run_ps(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {args.workers}: must be >= 1")
     from ringps.ps import POLICIES
 
+    from ringps.ps.policies import Policy
+
     policy = POLICIES.get(args.policy)  # an unknown name: ConfigError naming the known ones
-    if policy.synchronous or policy.bounded:
+    if policy.hold is not Policy.hold:
         raise ConfigError(f"--policy {args.policy}: the throughput bench needs a policy where no push waits for another")
     module_args = ["--params", str(args.params), "--seconds", str(args.seconds), "--policy", args.policy]
     world = args.workers + 1
@@ -154,14 +156,21 @@ def run_ps(args: argparse.Namespace) -> int:
             with Cluster.create(rates) as c:
                 res = run_module("ringps.ps.bench", module_args, world, placement(c), timeout=300)
         results.append((label, res))
-    t = Table("setting", "server pushes/s", "worker pushes/s", "round trip (median)")
+    t = Table("setting", "server pushes/s", "server peak RSS", "per worker", "pooled buffers", "copies/push",
+              "worker pushes/s", "round trip (median)")
     for label, res in results:
         server = next(r for r in res if r["role"] == "server")
         ws = [r for r in res if r["role"] == "worker"]
-        t.add_row(label, f"{server['pushes_per_s']:.1f}", ", ".join(f"w{r['rank']}: {r['pushes_per_s']:.1f}" for r in ws),
+        rss = server.get("peak_rss_bytes", 0)
+        t.add_row(label, f"{server['pushes_per_s']:.1f}", f"{rss / 1e6:.0f} MB", f"{rss / 1e6 / args.workers:.1f} MB",
+                  f"{server.get('buffer_bytes', 0) / server.get('shard_bytes', 1):.0f} x shard",
+                  f"{server.get('copies_per_push', 0):.2f}",
+                  ", ".join(f"w{r['rank']}: {r['pushes_per_s']:.1f}" for r in ws),
                   ", ".join(f"{1e3 * r['round_trip_median_s']:.1f} ms" for r in ws))
     console.print(f"{args.params:.0e} parameters ({args.params * 4 / 1e6:.0f} MB pushed and pulled per round trip), "
-                  f"{args.workers} workers, 1 server, policy {args.policy}, {args.seconds:g}s each")
+                  f"{args.workers} workers, 1 server, policy {args.policy}, {args.seconds:g}s each; per push the server "
+                  "reads and writes its bytes: receive 1 write, SGD 3 passes (decay, momentum, update), snapshot "
+                  "copy once per version (copies/push), send 1 read")
     console.print(t)
     if len(results) == 2:
         fast = [[r["pushes_per_s"] for r in res if r["role"] == "worker" and r["rank"] != 0] for _, res in results]

@@ -41,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
     from ringps.data import load_dataset
     from ringps.data.loader import ShardedLoader
     from ringps.models import build_model
-    from ringps.ps.layout import Layout
     from ringps.schedule.plan import dense_plan, make_plan
     from ringps.schedule.profile import profile_model
 
@@ -60,20 +59,18 @@ def run(args: argparse.Namespace) -> int:
     prof = profile_model(model, batch.inputs, batch.targets)
     cost = CostParams(bandwidth=bps, latency=2e-4, **calibrate_cpu())
     factor = contention(args.workers + args.servers, args.threads)
-    bounds = Layout.of(model, args.servers).bounds()
-    plan = make_plan(prof, args.workers, args.servers, bps, bps, cost, args.density, contention=factor,
-                     shard_bounds=bounds)
+    plan = make_plan(prof, args.workers, args.servers, bps, bps, cost, args.density, contention=factor)
     off = dense_plan(prof, args.workers, args.servers, bps, bps, cost, contention=factor)
     console = wide_console()
     console.print(f"{args.model} on {args.dataset}, batch {args.batch_size} per worker, {args.workers} workers, "
                   f"{args.servers} server(s), links {args.net}; compute x{factor:.1f} for "
                   f"{args.workers + args.servers} processes on {cores()} cores")
-    t = Table("priority", "layer", "kind", "params", "fwd", "bwd", "method", "servers (entries)", "up / step",
+    t = Table("priority", "layer", "kind", "params", "fwd", "bwd", "method", "server", "up / step",
               "down / step", "link time", "cpu ms push/reply/server")
     for l in plan.layers:
-        link = max(args.workers * max(l.up_bytes, l.down_bytes) / (args.servers * bps), (l.up_bytes + l.down_bytes) / bps)
+        link = max(args.workers * max(l.up_bytes, l.down_bytes) / bps, (l.up_bytes + l.down_bytes) / bps)
         t.add_row(str(l.priority), l.name, l.kind, f"{l.params:,}", _ms(l.forward_s),
-                  _ms(l.backward_s), l.method, ", ".join(f"{s}: {n:,}" for s, n in l.servers),
+                  _ms(l.backward_s), l.method, str(l.server),
                   f"{l.up_bytes / 1e6:.2f} MB", f"{l.down_bytes / 1e6:.2f} MB", _ms(link),
                   f"{l.cpu_s * 1e3:.0f}/{l.replay_s * 1e3:.0f}/{l.server_s * 1e3:.0f}")
     console.print(t)

@@ -26,14 +26,7 @@ def check(cfg: Config) -> None:
     """Everything that can be checked before a process starts: names and the data."""
     strategy = STRATEGIES.get(cfg.strategy.strategy)
     MODELS.get(cfg.model.model)
-    if cfg.strategy.layer_strategy == "auto" and strategy.needs_servers:
-        from ringps.errors import ConfigError
-
-        if not strategy(cfg).policy.layer_aware:
-            raise ConfigError(f"--layer-strategy auto: {cfg.strategy.strategy} cannot work layer by layer; "
-                              "use ps-async, ps-threshold or ps-stale-lr")
-        if cfg.run.servers != 1:
-            raise ConfigError(f"--layer-strategy auto: runs with one server (got --servers {cfg.run.servers})")
+    strategy.check(cfg)
     if cfg.run.net is not None:
         from ringps.launch.cluster import ClusterError, requirements_missing
 

@@ -4,13 +4,15 @@
 
 No model compute: a flat 1-D parameter of the given size under the given policy (async by
 default; vsgd adds its value sample to every push). Every worker reports its pushes and round
-trips; the server its pushes per second (first push to last).
+trips; the server its pushes per second (first push to last), its peak resident memory, what
+its pooled buffers hold, and how many times it copied the values into a reply snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -46,8 +48,11 @@ def main(argv: list[str]) -> int:
         server = Server(rank, 0, workers, layout, policy, model.w.detach().clone(), 0.9, 0.0, timeout=120.0)
         server.serve()
         stats = server.stats()
-        print(json.dumps({"role": "server", "pushes_per_s": stats["pushes_per_s"],
-                          "pushes": stats["pushes_applied"] + stats["pushes_dropped"]}), flush=True)
+        pushes = stats["pushes_applied"] + stats["pushes_dropped"]
+        print(json.dumps({"role": "server", "pushes_per_s": stats["pushes_per_s"], "pushes": pushes,
+                          "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                          "buffer_bytes": stats["buffer_bytes"], "shard_bytes": server.n * 4,
+                          "copies_per_push": stats["snapshot_copies"] / max(1, pushes)}), flush=True)
     else:
         values, grads = flatten_into(model, layout)
         fraction = cfg.ps.vsgd_sample if policy.needs_sample else None

@@ -1,19 +1,25 @@
 """A parameter server rank: one shard (values, momentum, version), one thread per worker.
 
 Each worker has its own handler thread blocked on that worker's next header, so a large or slow
-transfer from one worker never stalls the others; only the update itself (an SGD step on the
-shard, milliseconds) holds the shard's lock, and each reply is sent from a per-worker snapshot
-taken under the lock. Every push is recorded: staleness in versions, value staleness, weight,
-applied or dropped. With a synchronous policy a dead worker ends the job; otherwise the server
-carries on with the live ones.
+transfer from one worker never stalls the others. A push is received into a pooled buffer, then
+committed under the shard's lock in one routine for plain and layered pushes (`commit`): the
+policy judges it (server 0 judges for all servers when the verdict depends on the push, see
+policies/base.py), applies it, and it is accounted; the receive buffer goes back to the pool,
+and the policy may hold the reply (SSP's bound, BSP's round). The reply is sent from a shared,
+versioned snapshot of the values (buffers.py), taken under the lock, so the version in a reply
+header is always the version of the values that follow it.
+
+Memory: values and momentum, plus at most `buffers` receive buffers and `buffers` snapshots of
+the shard, whatever the number of workers (DC-ASGD adds its per-worker backups).
+Passes over a push's bytes on the server: the receive writes them once; weight decay, momentum
+and the values' update read the gradient once each (SGD's own arithmetic); a scale or weight
+other than 1 adds one pass; the reply's snapshot copy is one read and one write of the values,
+made once per version however many replies share it, and the send reads it once.
 
 Evaluation holds the job still. Worker 0 scores the model while the others train on; its clock
-leaves evaluation out (so evaluating more often does not change time-to-accuracy), so an
-asynchronous job whose other workers kept pushing meanwhile would learn in time that is never
-counted (measured: ~30 s of a ~50 s time-to-accuracy on ORL faces, 2 cores), and worker 0's
-next gradient would be computed on values an evaluation old. So the evaluator pulls with
-FLAG_HOLD, every other push waits at the server until its FLAG_RELEASE, and the wait comes back
-in the reply (`paused_us`) for the worker to leave out of its own clock as well.
+leaves evaluation out, so an asynchronous job whose other workers kept pushing meanwhile would
+learn in time that is never counted. The evaluator pulls with FLAG_HOLD, every other push waits
+at the server until its FLAG_RELEASE, and the wait comes back in the reply (`paused_us`).
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from ringps.errors import CommTimeout, WorkerFailed, first_line
+from ringps.errors import CommTimeout, ConfigError, ProtocolError, WorkerFailed, first_line
 from ringps.ps import wire
+from ringps.ps.buffers import BufferPool, SnapshotPool
 from ringps.ps.layout import Layout
-from ringps.ps.policies import VSGD, Policy
+from ringps.ps.policies import Policy, Push, Verdict
 from ringps.train.metrics import Recorder
+
+BUFFERS = 4  # receive buffers and reply snapshots per server (each), whatever the number of workers
 
 
 def sgd_step(values: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, lr: float, mu: float, wd: float) -> None:
@@ -50,7 +59,7 @@ class Outcome(NamedTuple):
     """What became of one push."""
 
     status: int  # wire.APPLIED or wire.DROPPED
-    verdict: Any  # the policy's Verdict (weight, value staleness)
+    verdict: Verdict
     held: float  # seconds the reply was held by the policy (sync round, SSP bound)
     paused: float  # seconds the push waited for another worker's evaluation
     staleness: int  # versions behind when it was judged
@@ -68,27 +77,26 @@ class Server:
     def __init__(self, rank: int, index: int, workers: list[int], layout: Layout, policy: Policy,
                  initial: torch.Tensor, momentum: float, weight_decay: float, timeout: float,
                  recorder: Optional[Recorder] = None, checkpoint_every: int = 0, out_dir: Optional[Path] = None,
-                 sample_seed: int = 0, budget: int = 0):
+                 sample_seed: int = 0, budget: int = 0, server_ranks: Optional[tuple[int, ...]] = None,
+                 buffers: int = BUFFERS):
         self.rank, self.index, self.workers = rank, index, list(workers)
         self.layout, self.policy, self.timeout = layout, policy, timeout
         self.mu, self.wd = momentum, weight_decay
-        # an asynchronous push is one worker's batch: it moves the model 1/N of a synchronous step
-        # (the mean of N batches), so a sample teaches as much under every policy
-        self.push_share = 1.0 if policy.synchronous else 1.0 / len(workers)
+        self.server_ranks = tuple(server_ranks) if server_ranks else (rank,)
+        self.judge = self.server_ranks[0]  # judges every step for a `judged` policy
         self.shard = Shard(initial.clone())
         self.n = layout.shard_numel(index)
         self.pieces = layout.pieces(index)
+        self.spans: list[tuple[int, int]] = [(0, self.n)]  # what one SGD step covers (layer mode: a layer)
         self.sample_pos = layout.sample_positions(index, policy.fraction, seed=sample_seed) if policy.needs_sample else []
         self.sample_n = sum(p.numel() for p in self.sample_pos)
         self.recorder, self.checkpoint_every, self.out_dir = recorder, checkpoint_every, out_dir
-        self.budget = budget  # total pushes the job may make (0: no limit); replies carry the count
+        self.budget = budget  # total pushes the job may make (0: no limit)
+        self.recv = BufferPool(self.n + self.sample_n, buffers, timeout)
+        self.snapshots = SnapshotPool(self.n, buffers, self.shard.cond, timeout)
         self._write = threading.Lock()
-        # per-worker state
-        self.snapshot = {w: torch.empty_like(self.shard.values) for w in workers}  # reply buffers (DC-ASGD backups)
-        self.sent_once: set[int] = set()
-        self.clock = Counter()  # pushes per worker (SSP)
+        self._verdicts: dict[int, list] = {}  # worker -> verdict sends in flight (server 0)
         self.live = set(workers)
-        self.pending: dict[int, torch.Tensor] = {}  # sync: this version's gradients
         self.failed: dict[int, str] = {}
         self.holder: Optional[int] = None  # the worker evaluating now (FLAG_HOLD), if any
         # statistics
@@ -99,56 +107,111 @@ class Server:
         self.started = self.ended = 0.0
         self.first_push = self.last_push = 0.0  # pushes/s counts from the first push to the last
 
-    # -- the update ----------------------------------------------------------------------
-    def sgd(self, grad: torch.Tensor, lr: float) -> None:
-        """torch.optim.SGD's step (momentum, no dampening, L2 weight decay), on the flat shard."""
+    # -- the update (callers hold the shard's lock) -----------------------------------------
+    def update(self, grad: torch.Tensor, verdict: Verdict, lr: float, push: Optional[Push] = None) -> None:
+        """One SGD step with `grad` scaled by the verdict (before momentum), span by span."""
+        factors = self.factors_of(verdict)
+        for piece, f in zip(self.pieces, factors):
+            if f != 1.0:
+                grad[piece.start : piece.start + piece.numel].mul_(f)
         s = self.shard
-        sgd_step(s.values, s.momentum, grad, lr, self.mu, self.wd)
+        for lo, hi in self.spans:
+            sgd_step(s.values[lo:hi], s.momentum[lo:hi], grad[lo:hi], lr, self.mu, self.wd)
         s.version += 1
+        self.updated(factors, lr, push)
         if self.checkpoint_every and s.version % self.checkpoint_every == 0:
             self.save_checkpoint()
 
-    def push(self, worker: int, h: wire.Header, grad: torch.Tensor, sample: Optional[torch.Tensor]) -> Outcome:
-        """Apply (or not) one push."""
-        s, held = self.shard, 0.0
+    def factors_of(self, verdict: Verdict) -> list[float]:
+        """The factor each tensor piece of the shard is multiplied by."""
+        return verdict.factors(len(self.pieces))
+
+    def updated(self, factors: list[float], lr: float, push: Optional[Push]) -> None:
+        """After every applied update, under the lock (layer mode logs the factors)."""
+
+    # -- one push: judge, apply, account; then the policy's hold --------------------------
+    def commit(self, worker: int, h: wire.Header, grad: torch.Tensor, sample: Optional[torch.Tensor],
+               extra: Any = None) -> tuple[Outcome, Push]:
+        remote = self.await_verdict(worker, h.step) if self.policy.judged and self.rank != self.judge else None
+        s = self.shard
         with s.cond:
             paused = self.await_release(worker)
-            staleness = s.version - h.version
-            if self.policy.synchronous:
-                return Outcome(*self._sync(worker, h, grad), paused, 0)
-            verdict = self.policy.judge(staleness)
-            if verdict.apply and isinstance(self.policy, VSGD):
-                distances = self.policy.distances(s.values, self.sample_pos, sample)
-                verdict = self.policy.judge_values(distances)
-                for piece, w in zip(self.pieces, verdict.weights):
-                    if w != 1.0:
-                        grad[piece.start : piece.start + piece.numel].mul_(w)
-            if verdict.apply:
-                backup = self.snapshot[worker] if (self.policy.needs_backup and worker in self.sent_once) else None
-                grad = self.policy.transform(grad, s.values, backup)
-                self.sgd(grad, h.lr * verdict.lr_scale * self.push_share)
-                self.applied += 1
-                self.max_applied_staleness = max(self.max_applied_staleness, staleness)
+            push = Push(worker, h.step, h.version, s.version - h.version, h.lr, s.values, sample, self.sample_pos,
+                        seen_version=s.version, extra=extra)
+            if remote is None:
+                verdict = self.policy.admit(push)
             else:
-                self.dropped += 1
-            self.histogram[staleness] += 1
-            self.value_staleness.append(verdict.value_staleness)
-            if self.policy.bounded:
-                self.clock[worker] += 1
-                t0 = time.perf_counter()
-                s.cond.notify_all()
-                ok = s.cond.wait_for(lambda: self.clock[worker] - min(self.clock[w] for w in self.live) <= self.policy.threshold
-                                     or worker not in self.live, timeout=self.timeout)
-                if not ok:
-                    raise WorkerFailed(f"server rank {self.rank}: worker rank {worker} waited {self.timeout:g}s for the "
-                                       f"slowest worker (SSP bound {self.policy.threshold})")
-                held = time.perf_counter() - t0
-            self.snapshot[worker].copy_(s.values)
-            self.sent_once.add(worker)
-            status = wire.APPLIED if verdict.apply else wire.DROPPED
-            self.record(worker, h, staleness, verdict, status, s.version)
-            return Outcome(status, verdict, held, paused, staleness)
+                push.staleness = remote.staleness
+                verdict = Verdict(remote.status == wire.APPLIED, scale=remote.scale, reason="judged by server 0")
+                verdict = self.policy.weigh(push, verdict) if verdict.apply else verdict
+            if verdict.apply:
+                self.policy.apply(self, push, verdict, grad)
+            self.account(worker, h, push.staleness, verdict)
+            s.cond.notify_all()
+        if self.policy.judged and self.rank == self.judge and len(self.server_ranks) > 1:
+            self.tell_peers(worker, h.step, push.staleness, verdict)
+        status = wire.APPLIED if verdict.apply else wire.DROPPED
+        return Outcome(status, verdict, 0.0, paused, push.staleness), push
 
+    def settle(self, push: Push) -> float:
+        """The policy's hold before the reply; returns the seconds held."""
+        t0 = time.perf_counter()
+        with self.shard.cond:
+            self.policy.hold(self, push)
+        return time.perf_counter() - t0
+
+    def push(self, worker: int, h: wire.Header, grad: torch.Tensor, sample: Optional[torch.Tensor]) -> Outcome:
+        """Commit one push and wait out the policy's hold (what a handler does, minus the wire)."""
+        o, p = self.commit(worker, h, grad, sample)
+        return o._replace(held=self.settle(p))
+
+    def account(self, worker: int, h: wire.Header, staleness: int, verdict: Verdict) -> None:
+        """Every push, plain or layered, applied or dropped, is counted here once."""
+        if verdict.apply:
+            self.applied += 1
+            self.max_applied_staleness = max(self.max_applied_staleness, staleness)
+        else:
+            self.dropped += 1
+        self.histogram[staleness] += 1
+        self.value_staleness.append(verdict.value_staleness)
+        now = time.perf_counter()
+        self.first_push = self.first_push or now
+        self.last_push = now
+        if self.recorder is not None:
+            with self._write:
+                self.recorder.write("push", server=self.index, rank=self.rank, worker=worker, step=h.step,
+                                    t=now - self.started, wall=time.time(), staleness=staleness,
+                                    value_staleness=verdict.value_staleness, weight=verdict.weight,
+                                    applied=verdict.apply, reason=verdict.reason, version=self.shard.version)
+
+    # -- agreement between servers: server 0 judges ----------------------------------------
+    def tell_peers(self, worker: int, step: int, staleness: int, verdict: Verdict) -> None:
+        """Send the verdict without waiting: a gloo send completes only once the peer posts its
+        receive, which it does after it has received the step's gradient. The previous verdict
+        for this worker has long been received (the worker got that step's replies from every
+        server), so waiting for it here costs nothing and keeps one send in flight per worker."""
+        self.flush_verdicts(worker)
+        h = wire.Header(wire.OP_VERDICT, self.rank, self.index, step=step, worker=worker, staleness=staleness,
+                        status=wire.APPLIED if verdict.apply else wire.DROPPED, scale=verdict.scale)
+        raw = h.encode()
+        self._verdicts[worker] = [(dist.isend(raw, dst=p, tag=wire.TAG_VERDICT_BASE + worker), p, step)
+                                  for p in self.server_ranks[1:]]
+
+    def flush_verdicts(self, worker: int) -> None:
+        for w, p, step in self._verdicts.pop(worker, []):
+            self._wait(w, f"sending server rank {p} the verdict on worker rank {worker}'s step {step}")
+
+    def await_verdict(self, worker: int, step: int) -> wire.Header:
+        raw = wire.empty_header()
+        work = dist.irecv(raw, src=self.judge, tag=wire.TAG_VERDICT_BASE + worker)
+        self._wait(work, f"waiting for server rank {self.judge}'s verdict on worker rank {worker}'s step {step}")
+        h = wire.Header.decode(raw)
+        if (h.op, h.worker, h.step) != (wire.OP_VERDICT, worker, step):
+            raise ProtocolError(f"server rank {self.rank}: a verdict for worker {h.worker} step {h.step} came "
+                                f"while worker {worker}'s step {step} waited for one")
+        return h
+
+    # -- the evaluation hold ------------------------------------------------------------------
     def await_release(self, worker: int) -> float:
         """Under the shard's lock: wait while another live worker holds the job for an evaluation;
         returns the seconds waited."""
@@ -170,77 +233,44 @@ class Server:
                 self.holder = None
                 self.shard.cond.notify_all()
 
-    def _sync(self, worker: int, h: wire.Header, grad: torch.Tensor) -> tuple[int, Any, float]:
-        """BSP: the last of the live workers to push applies the mean; the others wait for it."""
-        from ringps.ps.policies import Verdict
-
-        s = self.shard
-        version = s.version
-        if self.failed:
-            first = next(iter(self.failed))
-            raise WorkerFailed(f"server rank {self.rank}: synchronous round {version} lost worker rank {first} "
-                               f"({self.failed[first]})")
-        self.pending[worker] = grad
-        t0 = time.perf_counter()
-        if set(self.pending) >= self.live:
-            mean = torch.stack([self.pending[w] for w in sorted(self.pending)]).mean(0)
-            self.applied += len(self.pending)  # every worker's push went into the mean
-            self.histogram[0] += len(self.pending)
-            self.pending.clear()
-            self.sgd(mean, h.lr)
-            s.cond.notify_all()
-        else:
-            ok = s.cond.wait_for(lambda: s.version > version or self.failed, timeout=self.timeout)
-            if self.failed:
-                first = next(iter(self.failed))
-                raise WorkerFailed(f"server rank {self.rank}: synchronous round {version} lost worker rank {first} "
-                                   f"({self.failed[first]})")
-            if not ok:
-                missing = sorted(self.live - set(self.pending) - {worker})
-                raise WorkerFailed(f"server rank {self.rank}: timed out after {self.timeout:g}s waiting for the pushes "
-                                   f"of worker ranks {missing} for version {version}")
-        held = time.perf_counter() - t0
-        self.snapshot[worker].copy_(s.values)
-        verdict = Verdict(True)
-        self.record(worker, h, 0, verdict, wire.APPLIED, s.version)
-        return wire.APPLIED, verdict, held
-
-    def record(self, worker: int, h: wire.Header, staleness: int, verdict, status: int, version: int) -> None:
-        now = time.perf_counter()
-        self.first_push = self.first_push or now
-        self.last_push = now
-        if self.recorder is None:
-            return
-        with self._write:
-            self.recorder.write("push", server=self.index, rank=self.rank, worker=worker, step=h.step,
-                                t=time.perf_counter() - self.started, wall=time.time(), staleness=staleness,
-                                value_staleness=verdict.value_staleness, weight=verdict.weight,
-                                applied=status == wire.APPLIED, reason=verdict.reason, version=version)
-
     # -- the wire ------------------------------------------------------------------------
+    def _wait(self, work, what: str) -> None:
+        try:
+            work.wait(timeout=timedelta(seconds=self.timeout))
+        except RuntimeError as e:
+            raise CommTimeout(f"server rank {self.rank}: {what} failed after up to {self.timeout:g}s: "
+                              f"{first_line(e)}") from None
+
     def _recv(self, src: int, *parts: tuple[torch.Tensor, int, str]) -> None:
         """Receive (tensor, tag, what) parts from `src`, all posted at once: a push's gradient and
-        value sample arrive together instead of one wake-up after the other (on a loaded machine each
-        wake-up costs scheduling latency)."""
+        value sample arrive together instead of one wake-up after the other."""
         works = [(dist.irecv(t, src=src, tag=tag), what) for t, tag, what in parts]
         for work, what in works:
-            try:
-                work.wait(timeout=timedelta(seconds=self.timeout))
-            except RuntimeError as e:
-                raise CommTimeout(f"server rank {self.rank}: receiving {what} from worker rank {src} failed after up "
-                                  f"to {self.timeout:g}s: {first_line(e)}") from None
+            self._wait(work, f"receiving {what} from worker rank {src}")
 
     def _reply(self, dst: int, header: wire.Header, values: Optional[torch.Tensor]) -> None:
         works = [dist.isend(header.encode(), dst=dst, tag=wire.TAG_REPLY)]
         if values is not None:
             works.append(dist.isend(values, dst=dst, tag=wire.TAG_VALUES))
         for w in works:
-            w.wait(timeout=timedelta(seconds=self.timeout))
+            self._wait(w, f"replying to worker rank {dst}")
+
+    def send_values(self, worker: int, header: wire.Header) -> None:
+        """Reply with a snapshot of the values, its version in the header."""
+        with self.shard.cond:
+            snap = self.snapshots.acquire(lambda buf: buf.copy_(self.shard.values), self.shard.version)
+        try:
+            header.version, header.payload = snap.version, self.n
+            self.policy.sent(worker, snap.values)
+            self._reply(worker, header, snap.values)
+        finally:
+            self.snapshots.release(snap)
 
     def handle(self, worker: int) -> None:
         """Serve one worker until it stops: requests one after another (see `requests`)."""
         try:
             self.requests(worker)
+            self.flush_verdicts(worker)
         except WorkerFailed:
             raise
         except Exception as e:  # noqa: BLE001 - a worker that dies or goes silent
@@ -251,12 +281,14 @@ class Server:
                 self.live.discard(worker)
                 self.shard.cond.notify_all()
 
-    def next_request(self, worker: int, raw: torch.Tensor, version: int) -> Optional[wire.Header]:
+    def expect(self, worker: int) -> wire.Expect:
+        return wire.Expect(worker, self.index, self.layout.fingerprint, self.n, self.sample_n, self.shard.version)
+
+    def next_request(self, worker: int, raw: torch.Tensor) -> Optional[wire.Header]:
         """The next valid header from `worker`, or None once it stopped or was cut off."""
         while True:
             self._recv(worker, (raw, wire.TAG_HEADER, "a request header"))
-            exp = wire.Expect(worker, self.index, self.layout.fingerprint, self.n, self.sample_n, version)
-            h, reason, drainable = wire.validate(raw, exp)
+            h, reason, drainable = wire.validate(raw, self.expect(worker))
             if reason is None:
                 break
             self.refuse(worker, h, reason, drainable)
@@ -270,29 +302,31 @@ class Server:
 
     def requests(self, worker: int) -> None:
         raw = wire.empty_header()
-        grad = torch.empty(self.n)
-        sample = torch.empty(self.sample_n) if self.sample_n else None
-        while (h := self.next_request(worker, raw, self.shard.version)) is not None:
+        while (h := self.next_request(worker, raw)) is not None:
             if h.op == wire.OP_PULL:
                 self.hold(worker, h)
+                reply = wire.Header(wire.OP_REPLY, self.rank, self.index, step=h.step)
                 if h.flags & wire.FLAG_RELEASE:  # nothing changed while it held: no values to send
-                    self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index, version=self.shard.version), None)
-                    continue
-                with self.shard.cond:
-                    self.snapshot[worker].copy_(self.shard.values)
-                    self.sent_once.add(worker)
-                    version = self.shard.version
-                self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index, version=version,
-                                                payload=self.n), self.snapshot[worker])
+                    self._reply(worker, reply, None)
+                else:
+                    self.send_values(worker, reply)
                 continue
-            self._recv(worker, (grad, wire.TAG_PAYLOAD, "a gradient"),
-                       *([(sample, wire.TAG_SAMPLE, "a value sample")] if sample is not None else []))
-            o = self.push(worker, h, grad, sample)
-            reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=self.shard.version, payload=self.n,
-                                status=o.status, staleness=o.staleness, weight=o.verdict.weight,
-                                step=self.applied + self.dropped, held_us=int(o.held * 1e6),
-                                value_staleness=o.verdict.value_staleness, paused_us=int(o.paused * 1e6))
-            self._reply(worker, reply, self.snapshot[worker])
+            buf = self.recv.acquire(f"server rank {self.rank}: worker rank {worker}'s push ")
+            try:
+                grad, sample = buf[: self.n], (buf[self.n :] if self.sample_n else None)
+                self._recv(worker, (grad, wire.TAG_PAYLOAD, "a gradient"),
+                           *([(sample, wire.TAG_SAMPLE, "a value sample")] if sample is not None else []))
+                o, push = self.commit(worker, h, grad, sample)
+            finally:
+                self.recv.release(buf)
+            held = self.settle(push)
+            self.send_values(worker, self.reply_header(h, o, held))
+
+    def reply_header(self, h: wire.Header, o: Outcome, held: float) -> wire.Header:
+        return wire.Header(wire.OP_REPLY, self.rank, self.index, status=o.status, staleness=o.staleness,
+                           weight=o.verdict.weight, step=h.step, pushes=self.applied + self.dropped,
+                           held_us=int(held * 1e6), value_staleness=o.verdict.value_staleness,
+                           paused_us=int(o.paused * 1e6))
 
     def refuse(self, worker: int, h: Optional[wire.Header], reason: str, drainable: bool) -> None:
         if drainable and h is not None:  # take the payload off the wire so the stream stays in step
@@ -328,7 +362,7 @@ class Server:
         self.ended = time.perf_counter()
         if errors:
             raise errors[0]
-        if self.policy.synchronous and self.failed:
+        if not self.policy.carries_on and self.failed:
             w = next(iter(self.failed))
             raise WorkerFailed(f"server rank {self.rank}: worker rank {w} failed in a synchronous job: {self.failed[w]}")
 
@@ -351,8 +385,6 @@ class Server:
             return False
         state = torch.load(f, weights_only=False)
         if state["fingerprint"] != self.layout.fingerprint:
-            from ringps.errors import ConfigError
-
             raise ConfigError(f"--resume {run_dir}: server {self.index}'s checkpoint is for another parameter layout")
         self.shard.values.copy_(state["values"])
         self.shard.momentum.copy_(state["momentum"])
@@ -373,4 +405,5 @@ class Server:
             "failed_workers": {int(k): v for k, v in self.failed.items()},
             # the T in effect (threshold's default depends on the number of workers)
             "staleness_threshold": self.policy.threshold if self.policy.uses_threshold else None,
+            "buffer_bytes": self.recv.nbytes + self.snapshots.nbytes, "snapshot_copies": self.snapshots.copies,
         }

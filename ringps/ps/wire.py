@@ -1,43 +1,74 @@
 """The parameter-server wire protocol: a validated fixed-size header, then the payload.
 
-A request is a header of 21 int64 (tag HEADER) and, for a push, the shard's gradient (tag
-PAYLOAD) and, when the policy needs it, the value sample (tag SAMPLE). A reply is a header (tag
-REPLY) and the shard's current values (tag VALUES). Separate tags keep headers and payloads from
-ever being matched with each other. A pull may carry FLAG_HOLD (hold every other worker's push
-until this worker sends FLAG_RELEASE): the evaluating worker of an asynchronous job uses it.
+A request is a header of FIELDS int64 (tag HEADER) and, for a push, the gradient (tag PAYLOAD)
+and, when the policy needs it, the value sample (tag SAMPLE). A reply is a header (tag REPLY)
+and the values (tag VALUES). Separate tags keep headers and payloads from ever being matched with
+each other. A pull may carry FLAG_HOLD (hold every other worker's push until this worker sends
+FLAG_RELEASE): the evaluating worker of an asynchronous job uses it.
+
+With several servers and a policy whose verdict depends on the push (threshold, stale-lr, vsgd),
+server 0 judges every worker step and tells the other servers its verdict in an OP_VERDICT
+header (tag VERDICT_BASE + worker rank, so each server's handler of that worker gets its own),
+so a step is applied whole or dropped whole on every server.
+
+Each field means one thing:
+
+    op, sender, shard      what the message is and who sent it to which shard
+    version                request: the shard version of the values the gradient was computed on;
+                           reply: the version of the values that follow
+    payload, sample        entries that follow (gradient or values; value sample)
+    fingerprint            the parameter layout (model, servers, layer placement)
+    lr                     the worker's learning rate for this push
+    step                   the worker's own step number (a reply and a verdict echo it)
+    status                 reply/verdict: applied, dropped, refused, stopped
+    staleness              reply/verdict: versions applied between the worker's values and its push
+    weight                 reply: the mean factor the gradient was scaled by (stale-lr, vsgd)
+    held_us, paused_us     reply: time the policy held the reply; time the push waited for an evaluation
+    value_staleness        reply: vsgd's mean relative distance
+    layer, method          layer push/reply: which layer of the plan, and how its gradient travels
+    rows                   sufficient factors: the batch rows of (delta, x)
+    k                      top-k: (index, value) pairs that follow
+    entries                layer reply: factor-log updates that follow (instead of values)
+    flags                  END_OF_STEP, HOLD, RELEASE, REFRESH
+    pushes                 reply: pushes the servers have handled, all workers together
+    worker                 verdict: whose step it judges
+    scale                  verdict: the factor the judge gave the gradient (stale-lr)
 
 The server checks every header before it touches anything: magic, op, sender, shard, version,
 sizes, layout fingerprint, learning rate, and a checksum over the fields. A refused header is
-counted and answered with status REFUSED and the reason; its payload, if its declared size is
-within bounds, is received and thrown away, so the stream stays in step; a header declaring an
-oversized payload ends the service to that peer (nothing of it can be trusted any more).
+counted and answered with status REFUSED; its payload, if its declared size is within bounds, is
+received and thrown away, so the stream stays in step; a header declaring an oversized payload
+ends the service to that peer (nothing of it can be trusted any more).
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
 
-MAGIC = 0x5250_4753_0003  # "RPGS", protocol 3
-FIELDS = 21
+MAGIC = 0x5250_4753_0004  # "RPGS", protocol 4
 TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_VALUES, TAG_SAMPLE = 11, 12, 13, 14, 15
+TAG_VERDICT_BASE = 1000  # + worker rank: server 0's verdict on that worker's step
 
-OP_PUSHPULL, OP_PULL, OP_STOP, OP_LAYER, OP_REPLY = 1, 2, 3, 4, 10
-OPS = {OP_PUSHPULL: "push-pull", OP_PULL: "pull", OP_STOP: "stop", OP_LAYER: "layer push", OP_REPLY: "reply"}
+OP_PUSHPULL, OP_PULL, OP_STOP, OP_LAYER, OP_REPLY, OP_VERDICT = 1, 2, 3, 4, 10, 11
+OPS = {OP_PUSHPULL: "push-pull", OP_PULL: "pull", OP_STOP: "stop", OP_LAYER: "layer push", OP_REPLY: "reply",
+       OP_VERDICT: "verdict"}
 # how a layer's gradient travels (OP_LAYER) and how its update comes back
 DENSE, FP16, TOPK, SF = 0, 1, 2, 3
 METHODS = {DENSE: "dense", FP16: "fp16", TOPK: "topk", SF: "sf"}
-FLAG_END_OF_STEP = 1  # the step's last layer: the server now replies, in priority order
+FLAG_END_OF_STEP = 1  # the step's last layer for this server: it commits the step and replies
+FLAG_REFRESH = 2  # layer: send values (and momentum, for sf) rather than an update log
 # OP_PULL: the evaluating worker holds the job still (every other push waits at the server) while
 # it scores the model, so no worker trains in time the evaluator's clock leaves out; RELEASE ends it
 FLAG_HOLD, FLAG_RELEASE = 8, 16
 APPLIED, DROPPED, REFUSED, STOPPED = 0, 1, 2, 3
 STATUS = {APPLIED: "applied", DROPPED: "dropped", REFUSED: "refused", STOPPED: "stopped"}
 _MASK = (1 << 61) - 1
+_FLOATS = {"lr", "weight", "value_staleness", "scale"}  # carried as the bits of a float64
 
 
 def f2i(x: float) -> int:
@@ -54,8 +85,8 @@ class Header:
     sender: int
     shard: int
     version: int = 0
-    payload: int = 0  # gradient entries
-    sample: int = 0  # value-sample entries after the gradient
+    payload: int = 0
+    sample: int = 0
     fingerprint: int = 0
     lr: float = 0.0
     step: int = 0
@@ -64,16 +95,19 @@ class Header:
     weight: float = 1.0
     held_us: int = 0
     value_staleness: float = 0.0
-    layer: int = 0  # OP_LAYER: which layer of the plan
+    layer: int = 0
     method: int = DENSE
-    rows: int = 0  # sf: batch rows of the factors; topk: k; reply: log entries that follow
+    rows: int = 0
+    k: int = 0
+    entries: int = 0
     flags: int = 0
-    paused_us: int = 0  # reply: how long this push waited for another worker's evaluation (FLAG_HOLD)
+    paused_us: int = 0
+    pushes: int = 0
+    worker: int = 0
+    scale: float = 1.0
 
     def fields(self) -> list[int]:
-        f = [MAGIC, self.op, self.sender, self.shard, self.version, self.payload, self.sample, self.fingerprint,
-             f2i(self.lr), self.step, self.status, self.staleness, f2i(self.weight), self.held_us,
-             f2i(self.value_staleness), self.layer, self.method, self.rows, self.flags, self.paused_us]
+        f = [MAGIC] + [f2i(getattr(self, n)) if n in _FLOATS else int(getattr(self, n)) for n in NAMES]
         return f + [checksum(f)]
 
     def encode(self) -> torch.Tensor:
@@ -82,13 +116,15 @@ class Header:
     @classmethod
     def decode(cls, t: torch.Tensor) -> "Header":
         f = t.tolist()
-        return cls(op=f[1], sender=f[2], shard=f[3], version=f[4], payload=f[5], sample=f[6], fingerprint=f[7],
-                   lr=i2f(f[8]), step=f[9], status=f[10], staleness=f[11], weight=i2f(f[12]), held_us=f[13],
-                   value_staleness=i2f(f[14]), layer=f[15], method=f[16], rows=f[17], flags=f[18], paused_us=f[19])
+        return cls(**{n: i2f(v) if n in _FLOATS else v for n, v in zip(NAMES, f[1:-1])})
 
     @property
     def total(self) -> int:
         return self.payload + self.sample
+
+
+NAMES = [f.name for f in fields(Header)]
+FIELDS = len(NAMES) + 2  # magic + fields + checksum
 
 
 def checksum(fields: list[int]) -> int:
@@ -132,7 +168,7 @@ def validate(raw: torch.Tensor, exp: Expect) -> tuple[Optional[Header], Optional
     if h.shard != exp.shard:
         return h, f"shard {h.shard} sent to the server of shard {exp.shard}", drainable
     if h.fingerprint != exp.fingerprint:
-        return h, "parameter layout fingerprint differs (different model, servers or slice size)", drainable
+        return h, "parameter layout fingerprint differs (different model, servers or layer placement)", drainable
     if not sizes_ok:
         return h, f"payload {h.payload}+{h.sample} entries, expected at most {exp.payload}+{exp.sample}", False
     if h.op in (OP_PUSHPULL, OP_LAYER):

@@ -9,8 +9,10 @@ cost model:
   the worker sends (delta, x), the server applies delta^T x and keeps the factors of every update
   it applied; a pull returns the factors since the worker's version, which it replays through the
   same SGD step, so its copy stays exactly the server's;
-the priority (layers the next forward needs first come back first), and the partition (which
-server shards hold the layer).
+the priority (layers the next forward needs first come back first), and the partition: with
+several servers, whole layers are placed on servers (a layer sent as sufficient factors is
+rebuilt by one server), the heaviest first onto the least loaded server, so the servers' links
+and CPUs carry balanced shares of every step.
 
 `Plan.predict` gives the step time the cost model expects. With wait-free pushes and priority
 replies (overlap), a worker's step is its forward and backward plus what the next forward
@@ -41,7 +43,7 @@ class LayerPlan:
     params: int
     method: str
     priority: int  # 0: needed first by the next forward
-    servers: list[tuple[int, int]]  # (server, entries of this layer on it)
+    server: int  # the server it is placed on
     up_bytes: float  # per worker step
     down_bytes: float
     cpu_s: float  # CPU the method adds to the worker's backward (encoding its gradient)
@@ -64,22 +66,33 @@ class Plan:
     compute_s: float  # forward + backward per step under this machine's contention
     latency_s: float
     overlap: bool = True  # wait-free pushes and priority pulls (False: one push-pull after backward)
+    even: bool = False  # shards are equal contiguous ranges (layer mode off), not placed layers
     notes: list[str] = field(default_factory=list)
 
     def totals(self) -> tuple[float, float, float]:
         return (sum(l.up_bytes for l in self.layers), sum(l.down_bytes for l in self.layers),
                 sum(l.cpu_s for l in self.layers))
 
+    def per_server(self, attr) -> list[float]:
+        if self.even:
+            total = sum(attr(l) for l in self.layers)
+            return [total / max(1, self.servers)] * max(1, self.servers)
+        out = [0.0] * max(1, self.servers)
+        for l in self.layers:
+            out[l.server] += attr(l)
+        return out
+
     def predict(self) -> dict[str, float]:
         """Predicted seconds per worker step, and what bounds it."""
         up, down, cpu = self.totals()
-        n, s = self.workers, max(1, self.servers)
+        n = self.workers
         own = up / self.worker_bps + down / self.worker_bps  # this worker's transfers, in turn
-        # every worker crosses the servers' links; each server carries its share
-        server = n * max(up, down) / (s * self.server_bps)
+        # every worker crosses the servers' links; the busiest server bounds the step
+        server = n * max(max(u, d) for u, d in zip(self.per_server(lambda l: l.up_bytes),
+                                                    self.per_server(lambda l: l.down_bytes))) / self.server_bps
         applies = sum(l.server_s for l in self.layers)  # server CPU per push
-        server_cpu = n * applies / s
-        queue = (n - 1) / 2 * sum(l.lock_s for l in self.layers) / s  # a reply waits behind half the others' updates
+        server_cpu = n * max(self.per_server(lambda l: l.server_s))
+        queue = (n - 1) / 2 * max(self.per_server(lambda l: l.lock_s))  # a reply waits behind half the others' updates
         compute = self.compute_s + cpu
         if self.overlap:
             # replies land in priority order; each layer's forward waits for its own (replayed) reply
@@ -145,22 +158,15 @@ def method_cost(method: str, params: int, layer, batch: int, n: int, density: fl
 
 def make_plan(profile: Profile, workers: int, servers: int, worker_bps: float, server_bps: Optional[float] = None,
               p: Optional[CostParams] = None, density: float = 0.01, methods: tuple[str, ...] = METHODS,
-              contention: float = 1.0, shard_bounds: Optional[list[int]] = None, overlap: bool = True) -> Plan:
-    """Choose each layer's method; `contention` scales the profiled compute to the real run
-    (processes per core), `shard_bounds` are the servers' flat ranges (None: one server)."""
+              contention: float = 1.0, overlap: bool = True) -> Plan:
+    """Choose each layer's method and server; `contention` scales the profiled compute to the real
+    run (processes per core)."""
     p = p or CostParams(bandwidth=worker_bps)
     server_bps = server_bps or worker_bps
-    layers, offset = [], 0
-    bounds = shard_bounds or [0, sum(l.params for l in profile.layers)]
+    layers = []
     for priority, lp in enumerate(profile.layers):
-        span = (offset, offset + lp.params)
-        offset += lp.params
-        pieces = [(s, min(span[1], bounds[s + 1]) - max(span[0], bounds[s])) for s in range(len(bounds) - 1)
-                  if min(span[1], bounds[s + 1]) > max(span[0], bounds[s])]
         best, best_t = "dense", math.inf
         for m in methods:
-            if m == "sf" and len(pieces) > 1:
-                continue  # the factors rebuild a whole weight: it must live on one server
             c = method_cost(m, lp.params, lp, profile.batch, workers, density, p)
             if c is None:
                 continue
@@ -170,15 +176,28 @@ def make_plan(profile: Profile, workers: int, servers: int, worker_bps: float, s
             if t < best_t:
                 best, best_t = m, t
         c = method_cost(best, lp.params, lp, profile.batch, workers, density, p)
-        layers.append(LayerPlan(lp.name, lp.kind, lp.params, best, priority, pieces, c.up, c.down,
+        layers.append(LayerPlan(lp.name, lp.kind, lp.params, best, priority, 0, c.up, c.down,
                                 c.cpu * contention, c.replay * contention, c.server * contention, c.lock * contention,
                                 lp.forward_s * contention, lp.backward_s * contention, lp.in_features, lp.out_features))
+    place(layers, servers, workers, server_bps)
     return Plan(layers, workers, servers, worker_bps, server_bps, profile.step_s * contention, p.latency,
                 overlap=overlap)
+
+
+def place(layers: list[LayerPlan], servers: int, workers: int, server_bps: float) -> None:
+    """Whole layers onto servers, heaviest first onto the least loaded (longest-processing-time
+    first): a layer's load is its share of a server's link per step plus its server CPU."""
+    load = [0.0] * max(1, servers)
+    for l in sorted(layers, key=lambda l: -(workers * max(l.up_bytes, l.down_bytes) / server_bps + workers * l.server_s)):
+        s = min(range(len(load)), key=lambda i: (load[i], i))
+        l.server = s
+        load[s] += workers * max(l.up_bytes, l.down_bytes) / server_bps + workers * l.server_s
 
 
 def dense_plan(profile: Profile, workers: int, servers: int, worker_bps: float, server_bps: Optional[float] = None,
                p: Optional[CostParams] = None, contention: float = 1.0) -> Plan:
     """What --layer-strategy off does: every layer dense, one push-pull after the backward."""
-    return make_plan(profile, workers, servers, worker_bps, server_bps, p, methods=("dense",),
+    plan = make_plan(profile, workers, servers, worker_bps, server_bps, p, methods=("dense",),
                      contention=contention, overlap=False)
+    plan.even = True
+    return plan

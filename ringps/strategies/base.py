@@ -89,6 +89,11 @@ class Strategy:
     def __init__(self, cfg: Any):
         self.cfg = cfg
 
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """Refuse, with a ConfigError of one line, a combination of options this strategy cannot
+        run; called before any process starts."""
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: WorkerContext) -> None:
         self.model, self.optimizer, self.ctx = model, optimizer, ctx
 

@@ -1,9 +1,12 @@
-"""The parameter-server strategies: ps-sync, ps-async, ps-threshold, ps-ssp, ps-stale-lr,
-ps-dcasgd, ps-vsgd. One class; the policy (ringps/ps/policies.py) is the difference.
+"""The parameter-server strategies: ps-NAME for every registered policy NAME (ps-sync, ps-async,
+ps-threshold, ps-ssp, ps-stale-lr, ps-dcasgd, ps-vsgd). One class; the policy
+(ringps/ps/policies/) is the difference.
 
 Workers are ranks 0..W-1, servers the last S ranks of the job. A worker step: forward, (the
 --slowdown stretch), backward into the flat gradient buffer, one push-and-pull round trip to
 every server, whose reply values land straight in the model's parameters. Worker 0 evaluates.
+With --layer-strategy auto the plan places whole layers on the servers and each layer travels
+by its own method as soon as its backward is done (ringps/ps/layered.py).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from ringps.comm.probe import broadcast_object, measured_cost_params
 from ringps.cost import contention
 from ringps.ps import POLICIES
 from ringps.ps.client import Client
+from ringps.errors import ConfigError
 from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
-from ringps.ps.layout import Layout, flatten_into
+from ringps.ps.layout import Layout, flatten_into, gather
 from ringps.ps.server import Server
-from ringps.schedule.plan import Plan, dense_plan, make_plan
+from ringps.schedule.plan import METHODS, Plan, dense_plan, make_plan
 from ringps.schedule.profile import profile_model
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
 from ringps.train.metrics import Recorder
@@ -38,7 +42,6 @@ class ParameterServer(Strategy):
     a fast worker does more than its share, a dead worker's share is done by the others, and
     the LR schedule follows the global count."""
 
-    policy_name = "async"
     needs_servers = True
     collective_eval = False
     synchronous = False
@@ -46,17 +49,32 @@ class ParameterServer(Strategy):
 
     def __init__(self, cfg):
         super().__init__(cfg)
+        self.policy_name = cfg.strategy.strategy.removeprefix("ps-")
         self.policy = POLICIES.build(self.policy_name, cfg)
         self._stats: dict[str, Any] = {}
         self.client: Client | None = None
         self.layered: LayeredClient | None = None
         self.layer_mode = cfg.strategy.layer_strategy == "auto"
 
-    def layout(self, model: nn.Module, ctx: WorkerContext) -> Layout:
-        return Layout.of(model, servers=len(ctx.server_ranks), slice_size=self.cfg.ps.slice_size)
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.train.optimizer != "sgd":
+            raise ConfigError(f"--optimizer {cfg.train.optimizer}: the parameter servers run momentum SGD "
+                              f"({cfg.strategy.strategy}); use --optimizer sgd")
+
+    def layout(self, model: nn.Module, ctx: WorkerContext, plan: Optional[Plan] = None) -> Layout:
+        layout = Layout.of(model, servers=len(ctx.server_ranks))
+        if plan is None:
+            return layout
+        modules = dict(model.named_modules())
+        server_of = {}
+        for lp in plan.layers:
+            for n, _ in modules[lp.name].named_parameters(recurse=False):
+                server_of[f"{lp.name}.{n}" if lp.name else n] = lp.server
+        return layout.placed(server_of)
 
     # -- worker side ------------------------------------------------------------------------
-    def plan(self, model: nn.Module, ctx: WorkerContext, layout: Layout) -> Optional[Plan]:
+    def plan(self, model: nn.Module, ctx: WorkerContext) -> Optional[Plan]:
         """Worker side: measure the links (all workers), then rank 0 alone profiles the model and
         plans while the others wait for its plan (servers included, in `setup`/`serve`).
 
@@ -78,7 +96,9 @@ class ParameterServer(Strategy):
         processes = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
         factor = contention(processes, self.cfg.run.threads) if ctx.device.type == "cpu" else 1.0
         args = (prof, ctx.workers, len(ctx.server_ranks), worker_bps, server_bps, cost)
-        plan = make_plan(*args, density=self.cfg.compress.density, shard_bounds=layout.bounds(), contention=factor)
+        # a policy whose update a worker cannot replay from factors (DC-ASGD, BSP) plans without them
+        methods = METHODS if self.policy.replayable else tuple(m for m in METHODS if m != "sf")
+        plan = make_plan(*args, density=self.cfg.compress.density, contention=factor, methods=methods)
         report = {"contention": factor, "processes": processes, "auto": plan_summary(plan),
                   "off": plan_summary(dense_plan(*args, contention=factor))}
         (ctx.out_dir / "plan.json").write_text(json.dumps(report, indent=1))
@@ -86,18 +106,20 @@ class ParameterServer(Strategy):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: WorkerContext) -> None:
         super().setup(model, optimizer, ctx)
-        layout = self.layout(model, ctx)
-        plan = self.plan(model, ctx, layout)  # before flattening: profiling resets the grads
-        self.values, self.grads = flatten_into(model, layout)
+        plan = self.plan(model, ctx)  # before flattening: profiling resets the grads
         if self.layer_mode:
             plan = broadcast_object(plan)
-            t = self.cfg.train
-            self.layered = LayeredClient(ctx.rank, ctx.server_ranks[0], model, layer_specs(model, plan, layout,
-                                         self.cfg.compress.density), self.values, self.grads, layout.fingerprint,
-                                         ctx.timeout, t.momentum if t.optimizer == "sgd" else 0.0, t.weight_decay)
+        layout = self.layout(model, ctx, plan)
+        self.values, self.grads = flatten_into(model, layout)
+        fraction = self.cfg.ps.vsgd_sample if self.policy.needs_sample else None
+        t = self.cfg.train
+        if self.layer_mode:
+            specs = layer_specs(model, plan, layout, self.cfg.compress.density)
+            self.layered = LayeredClient(ctx.rank, ctx.server_ranks, model, specs, layout, self.values, self.grads,
+                                         ctx.timeout, t.momentum, t.weight_decay, sample_fraction=fraction,
+                                         sample_seed=self.cfg.run.seed)
             self.layered.refresh()
         else:
-            fraction = self.cfg.ps.vsgd_sample if self.policy.needs_sample else None
             self.client = Client(ctx.rank, ctx.server_ranks, layout, self.values, self.grads, ctx.timeout,
                                  sample_fraction=fraction, sample_seed=self.cfg.run.seed)
             self.client.pull()
@@ -159,7 +181,8 @@ class ParameterServer(Strategy):
             self.global_pushes = c.global_pushes
             paused, self.paused_seen = c.paused_s - self.paused_seen, c.paused_s
             return StepStats(loss=loss.item(), compute_s=compute, exposed_s=max(0.0, waited - paused), t_ready=time.time(),
-                             paused_s=min(paused, waited), extra={"staleness": c.last.get("staleness", 0)})
+                             paused_s=min(paused, waited), applied=c.last.get("applied", True),
+                             extra={"staleness": c.last.get("staleness", 0)})
         loss, compute, _ = self.compute(batch)
         ready = time.time()
         res = self.client.push_pull(lr, self.steps)
@@ -180,64 +203,63 @@ class ParameterServer(Strategy):
 
     # -- server side ----------------------------------------------------------------------
     def serve(self, ctx: WorkerContext, model: nn.Module) -> None:
-        layout = self.layout(model, ctx)
+        plan = broadcast_object(None) if self.layer_mode else None  # the workers' plan
+        layout = self.layout(model, ctx, plan)
         index = ctx.server_ranks.index(ctx.rank)
-        lo, hi = layout.shard_range(index)
         flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
         t = self.cfg.train
-        plan = broadcast_object(None) if self.layer_mode else None  # the workers' plan
         cls, extra = Server, {}
         if plan is not None:
             cls, extra = LayerServer, {"specs": layer_specs(model, plan, layout, self.cfg.compress.density)}
         server = cls(
-            ctx.rank, index, list(ctx.worker_ranks), layout, self.policy, flat[lo:hi],
-            momentum=t.momentum if t.optimizer == "sgd" else 0.0, weight_decay=t.weight_decay, timeout=ctx.timeout,
+            ctx.rank, index, list(ctx.worker_ranks), layout, self.policy, gather(flat, layout, index),
+            momentum=t.momentum, weight_decay=t.weight_decay, timeout=ctx.timeout,
             recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=self.cfg.ps.ps_checkpoint_every,
-            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed, budget=self.total_pushes(ctx), **extra,
+            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed, budget=self.total_pushes(ctx),
+            server_ranks=ctx.server_ranks, **extra,
         )
         if t.resume:
             server.load_checkpoint(Path(t.resume))
         server.serve()
-        self._stats = server.stats()
+        self._stats = {**server.stats(), "policy": self.policy_name}
 
     def summary(self) -> dict[str, Any]:
         return self._stats
 
     @classmethod
     def merge_summary(cls, stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        servers = [s for s in stats.values() if "pushes_applied" in s]
+        """The job's figures. A worker step is applied or dropped whole on every server, so the
+        counts are server 0's (the judge's); each server's own are under `servers`."""
+        servers = sorted((s for s in stats.values() if "pushes_applied" in s), key=lambda s: s["server"])
         if not servers:
             return {}
-        hist: dict[int, int] = {}
-        for s in servers:
-            for k, v in s["staleness_histogram"].items():
-                hist[int(k)] = hist.get(int(k), 0) + v
+        first = servers[0]
+        keys = ("pushes_applied", "pushes_dropped", "pushes_refused", "max_applied_staleness", "pushes_per_s",
+                "buffer_bytes", "snapshot_copies")
         return {
-            "pushes_applied": sum(s["pushes_applied"] for s in servers),
-            "pushes_dropped": sum(s["pushes_dropped"] for s in servers),
-            "pushes_refused": sum(s["pushes_refused"] for s in servers),
-            "max_applied_staleness": max(s["max_applied_staleness"] for s in servers),
-            "staleness_histogram": dict(sorted(hist.items())),
+            **{k: first[k] for k in keys[:4]},
+            "staleness_histogram": {int(k): v for k, v in sorted(first["staleness_histogram"].items())},
             "pushes_per_s": {str(s["server"]): s["pushes_per_s"] for s in servers},
-            "policy": cls.policy_name,
-            "staleness_threshold": servers[0].get("staleness_threshold"),
+            "servers_agree": all((s["pushes_applied"], s["pushes_dropped"]) == (first["pushes_applied"], first["pushes_dropped"])
+                                 for s in servers),
+            "servers": {str(s["server"]): {k: s[k] for k in keys if k in s} for s in servers},
+            "policy": first.get("policy"),
+            "staleness_threshold": first.get("staleness_threshold"),
         }
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"predicted": plan.predict(), "layers": [
         {"name": l.name, "kind": l.kind, "params": l.params, "method": l.method, "priority": l.priority,
-         "servers": l.servers, "up_bytes": l.up_bytes, "down_bytes": l.down_bytes} for l in plan.layers]}
+         "server": l.server, "up_bytes": l.up_bytes, "down_bytes": l.down_bytes} for l in plan.layers]}
 
 
-def _register(name: str, policy: str, synchronous: bool = False) -> None:
-    cls = type(f"PS_{policy.replace('-', '_')}", (ParameterServer,),
-               {"policy_name": policy, "synchronous": synchronous, "budgeted": not synchronous,
-                "__doc__": f"parameter server, policy {policy}"})
-    STRATEGIES.register(name)(cls)
+class SyncParameterServer(ParameterServer):
+    """A policy that does not carry on without a worker (BSP): the job moves in lockstep."""
+
+    synchronous = True
+    budgeted = False
 
 
-for _name, _policy in [("ps-async", "async"), ("ps-threshold", "threshold"), ("ps-ssp", "ssp"),
-                       ("ps-stale-lr", "stale-lr"), ("ps-dcasgd", "dcasgd"), ("ps-vsgd", "vsgd")]:
-    _register(_name, _policy)
-_register("ps-sync", "sync", synchronous=True)
+for _policy in POLICIES.names():  # ps-NAME for every policy: a new policy file is a new strategy
+    STRATEGIES.register(f"ps-{_policy}")(ParameterServer if POLICIES.get(_policy).carries_on else SyncParameterServer)
