@@ -29,7 +29,7 @@ Every rank applies the same bits: sums run in rank order or each element is summ
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,7 @@ class Segment(NamedTuple):
     k: int  # entries to send from it
     key: int  # stable id (for randomk's generator)
     name: str = ""  # the tensor's name: keys state an exchange keeps per tensor (shared-index's scores)
+    grad: Optional[torch.Tensor] = None  # the step's own gradient (flat), before the memory folded it in
 
     @property
     def id(self) -> str:
@@ -188,14 +189,28 @@ class GlooAllGather(Exchange):
         return _scatter_parts(*combined, acc, ring, out)
 
 
+class Picked(NamedTuple):
+    """shared-index's local half of a step: what `combine` needs."""
+
+    kind: str  # "positions" (a selector that picks the same positions everywhere) or "scores"
+    local: torch.Tensor  # the positions, or this rank's block scores of the accumulation
+    picked: Optional[tuple[torch.Tensor, torch.Tensor]]  # (positions, blocks) from the last step's scores; None: agree first
+    fresh: Optional[torch.Tensor]  # block scores of this step's gradient (None: not known)
+
+
 @EXCHANGES.register("shared-index")
 class SharedIndex(Exchange):
-    """One index set for all: the blocks with the largest summed squared norm, then a dense
-    all-reduce of just their values. Entries a worker had outside the set stay in its residual.
+    """One index set for all: the blocks with the largest predicted score, then a dense all-reduce
+    of just their values. Entries a worker had outside the set stay in its residual.
 
-    One all-reduce per step: the message is [chosen values | block scores of what stays behind]
-    and the summed scores pick the next step's blocks. Those scores are the residual's, so the
-    next choice sees everything but the next gradient, which the memory keeps until it is picked.
+    One all-reduce per step: the message is [chosen values | block scores] and the summed scores
+    pick the next step's blocks. The pick must be made before the next gradient exists, so the
+    score predicts the next accumulation: ||residual after this step||^2 + ||this step's
+    gradient||^2 per block (the next gradient taken to be like this one). A block that is the
+    largest every step has no residual left once sent, but its gradient keeps it on top, so it is
+    sent every step (scoring the residual alone sent it only every other step). The summed score
+    is the sum over ranks of each rank's squared block norms, not the squared norm of the sum:
+    it ranks blocks by how much all ranks hold there, whatever their signs.
     Scores are kept per tensor (Segment.id), so they survive a change of bucket layout; a step
     with a tensor that has none yet (the first) all-reduces the scores first."""
 
@@ -209,19 +224,24 @@ class SharedIndex(Exchange):
         """The local half of the selection: this step's block scores and, from the scores the
         last step summed, the blocks to send (None on a first step: combine agrees first)."""
         if selector.shared_indices:  # the same positions everywhere: no blocks to agree on
-            return "positions", select_segments(acc, segments, selector, step).indices, None
-        B, scores = self.block, []
-        for s in segments:
-            seg = acc[s.offset : s.offset + s.numel]
-            whole = s.numel // B * B  # norms of the full blocks straight from a view, no copy
-            scores.append(torch.linalg.vector_norm(seg[:whole].view(-1, B), dim=1).square_())
-            if whole < s.numel:
-                scores.append(seg[whole:].square().sum().view(1))
-        local = torch.cat(scores) if scores else acc.new_empty(0)
+            return Picked("positions", select_segments(acc, segments, selector, step).indices, None, None)
+        local = self.block_scores([acc[s.offset : s.offset + s.numel] for s in segments])
+        grads = [s.grad for s in segments]
+        fresh = self.block_scores(grads) if all(g is not None for g in grads) else None
         known = [self.scores.get(s.id) for s in segments]
-        if any(sc is None or sc.numel() != -(-s.numel // B) for sc, s in zip(known, segments)):
-            return "scores", local, None
-        return "scores", local, self.pick(segments, torch.cat(known) if known else local)
+        if any(sc is None or sc.numel() != -(-s.numel // self.block) for sc, s in zip(known, segments)):
+            return Picked("scores", local, None, fresh)
+        return Picked("scores", local, self.pick(segments, torch.cat(known) if known else local), fresh)
+
+    def block_scores(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Squared norm of every block of every tensor (the last block of each may be short)."""
+        B, scores = self.block, []
+        for seg in tensors:
+            whole = seg.numel() // B * B  # norms of the full blocks straight from a view, no copy
+            scores.append(torch.linalg.vector_norm(seg[:whole].view(-1, B), dim=1).square_())
+            if whole < seg.numel():
+                scores.append(seg[whole:].square().sum().view(1))
+        return torch.cat(scores) if scores else torch.empty(0)
 
     def pick(self, segments: list[Segment], scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat positions of the chosen blocks' entries and the chosen block numbers (same on every rank)."""
@@ -243,7 +263,7 @@ class SharedIndex(Exchange):
         return torch.cat(picked), torch.cat(blocks)
 
     def combine(self, acc, segments, prepared, ring):
-        kind, local, picked = prepared
+        kind, local, picked, fresh = prepared
         if kind == "positions":
             values = acc[local]
             if values.numel() > 0:  # k is the same on every rank, so all skip together
@@ -258,7 +278,9 @@ class SharedIndex(Exchange):
         idx, blocks = picked
         k = idx.numel()
         msg = torch.cat([acc[idx], local])
-        msg[k:][blocks] = 0  # what stays behind: the residual's scores
+        msg[k:][blocks] = 0  # what stays behind: the residual's scores ...
+        if fresh is not None:
+            msg[k:].add_(fresh)  # ... and what the next gradient is expected to add
         dist.all_reduce(msg, group=ring.group)
         _meter_ring(ring, self.name, msg)
         start = k

@@ -3,8 +3,16 @@
 - `ef` (error feedback): acc = residual + g; after selection the residual is acc with the sent
   entries zeroed. Nothing is lost: sum of sent + residual = sum of gradients.
 - `dgc` (momentum correction, Lin et al. 2018): u = m*u + g; v = v + u; select from v; zero u
-  and v where sent (momentum factor masking). The optimizer then runs without momentum.
+  and v where sent (momentum factor masking). The optimizer then runs without momentum, so a
+  tensor that is not selected from (a bucket sent dense, a small tensor) gets its momentum here
+  too, as in DGC's own code (dgc/compression.py): the averaged gradient goes through
+  u = m*u + avg and u is the update; nothing is masked there, since nothing was selected.
 - `none`: no memory (what is not sent is dropped) - for ablations.
+
+A dense exchange of a tensor whose memory holds something (`is_clean` False) flushes it:
+`flush_input` says what to all-reduce (ef: residual + g; dgc: [m*u + g, v], so the momentum of
+every rank and the velocity left behind both arrive averaged) and `flush_output` turns the
+average into the update and clears the memory.
 
 The accumulator works in place: `compensate` returns the memory's own buffer (the residual, or
 v), valid until `update`. No 40 MB tensor is allocated per step (fresh pages cost more than the
@@ -66,6 +74,20 @@ class Memory:
         """Forget what was sent: `sent` are the flat positions that went out (None: all)."""
         raise NotImplementedError
 
+    # -- dense exchanges ----------------------------------------------------------------------
+    def dense(self, name: str, avg: torch.Tensor) -> None:
+        """After a plain all-reduce of a clean tensor's gradient: turn the average into the
+        update, in place (error feedback: it already is)."""
+
+    def flush_input(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        """What to all-reduce for a tensor whose memory is not clean (a new tensor)."""
+        return self.compensate(name, grad).clone()
+
+    def flush_output(self, name: str, reduced: torch.Tensor, out: torch.Tensor) -> None:
+        """The averaged flush into `out`; the memory is clean afterwards."""
+        out.copy_(reduced)
+        self.update(name, None)
+
     def _zero(self, name: str, buf: torch.Tensor, sent: Optional[torch.Tensor]) -> None:
         if sent is None:
             buf.zero_()
@@ -96,17 +118,50 @@ class ErrorFeedback(Memory):
 class MomentumCorrection(Memory):
     acc_kind = "v"
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.local: set[str] = set()  # names whose u is this rank's own (after a sparse step)
+
     def is_clean(self, name: str) -> bool:
-        return False  # the momentum u lives here: every step must go through it
+        # a plain all-reduce then momentum is exact when u is the same on every rank and no
+        # velocity waits to be sent
+        return name not in self.dirty and name not in self.local
 
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         u = self._buf(name, "u", grad)
         u.mul_(self.momentum).add_(self.clip(grad))
+        self.local.add(name)
         return self._buf(name, "v", grad).add_(u)
 
     def update(self, name: str, sent: Optional[torch.Tensor]) -> None:
         self._zero(name, self.buffers[name]["u"], sent)
         self._zero(name, self.buffers[name]["v"], sent)
+
+    def dense(self, name: str, avg: torch.Tensor) -> None:
+        u = self._buf(name, "u", avg)
+        u.mul_(self.momentum).add_(self.clip(avg))
+        avg.copy_(u)
+
+    def flush_input(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        u = self._buf(name, "u", grad)
+        v = self._buf(name, "v", grad)
+        return torch.cat([torch.add(self.clip(grad), u, alpha=self.momentum), v])
+
+    def flush_output(self, name: str, reduced: torch.Tensor, out: torch.Tensor) -> None:
+        n = out.numel()
+        u = self.buffers[name]["u"]
+        u.copy_(reduced[:n].view_as(u))  # the averaged momentum: the same on every rank from now on
+        out.copy_(reduced[:n].view_as(out)).add_(reduced[n:].view_as(out))
+        self.buffers[name]["v"].zero_()
+        self.dirty.discard(name)
+        self.local.discard(name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "local": sorted(self.local)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.local = set(state.get("local", []))
 
 
 @MEMORIES.register("none")

@@ -163,57 +163,82 @@ class RingTopkState:
             self._flat[key] = (acc, out)
         return self._flat[key]
 
+    def name_of(self, index: int, i: int, p: torch.Tensor) -> str:
+        return self.names.get(id(p), f"bucket{index}.{i}")
+
     def process(self, index: int, buffer: torch.Tensor, grads: list[torch.Tensor], params: list[torch.Tensor],
-                step: int) -> list[torch.Tensor]:
-        """Reduce the bucket's large tensors in place; return its small ones (deferred)."""
-        large = [(g, p) for g, p in zip(grads, params) if g.numel() >= self.dense_below]
-        small = [g for g in grads if g.numel() < self.dense_below]
+                step: int) -> list[tuple[str, torch.Tensor]]:
+        """Reduce the bucket's large tensors in place; return its small ones, named (deferred)."""
+        named = [(self.name_of(index, i, p), g) for i, (g, p) in enumerate(zip(grads, params))]
+        large = [(n, g) for n, g in named if g.numel() >= self.dense_below]
+        small = [(n, g) for n, g in named if g.numel() < self.dense_below]
         if not large:
             return small
-        names = [self.names.get(id(p), f"bucket{index}.{i}") for i, (_, p) in enumerate(large)]
+        names = [n for n, _ in large]
         segments, offset = [], 0
-        for i, (g, _) in enumerate(large):
+        for tname, g in large:
             # the key seeds randomk's positions: from the name, so it survives DDP's bucket rebuild
-            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), zlib.crc32(names[i].encode()), names[i]))
+            segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), zlib.crc32(tname.encode()), tname,
+                                    g.view(-1)))
             offset += g.numel()
-        overlap = min(self.overlap.get(id(p), 0.0) for _, p in large)
+        overlap = min(self.overlap.get(id(p), 0.0) for g, p in zip(grads, params) if g.numel() >= self.dense_below)
         name = self.plan(segments, overlap)
-        if name == "dense" and all(self.memory.is_clean(n) for n in names):
-            # nothing held back: exactly DDP's all-reduce of the whole bucket, small tensors too
-            dist.all_reduce(buffer, group=self.process_group)
-            n = self.ring.size
-            self.meter.add("dense", buffer.numel() * buffer.element_size() * 2 * (n - 1) // n)
-            buffer.div_(n)
-            self.chosen[name] = self.chosen.get(name, 0) + 1
-            return []
-        acc, out = self.buffers(index, names, [g for g, _ in large])
-        for tname, (g, _) in zip(names, large):
-            self.memory.compensate(tname, g.view(-1))  # accumulates into acc in place
-        dest = out if out is not None else large[0][0].view(-1)
-        sent = self.exchange(name).reduce(acc, segments, self.selector, self.ring, step, dest).sent
         self.chosen[name] = self.chosen.get(name, 0) + 1
-        for s, tname, (g, _) in zip(segments, names, large):
+        if name == "dense":
+            return self.dense_bucket(buffer, named, large, small)
+        acc, out = self.buffers(index, names, [g for _, g in large])
+        for tname, g in large:
+            self.memory.compensate(tname, g.view(-1))  # accumulates into acc in place
+        dest = out if out is not None else large[0][1].view(-1)
+        sent = self.exchange(name).reduce(acc, segments, self.selector, self.ring, step, dest).sent
+        for seg, (tname, g) in zip(segments, large):
             if out is not None:
-                g.view(-1).copy_(out[s.offset : s.offset + s.numel])
+                g.view(-1).copy_(out[seg.offset : seg.offset + seg.numel])
             if sent is None:
                 self.memory.update(tname, None)
             else:
-                lo, hi = torch.searchsorted(sent, torch.tensor([s.offset, s.offset + s.numel])).tolist()
-                self.memory.update(tname, sent[lo:hi] - s.offset)
+                lo, hi = torch.searchsorted(sent, torch.tensor([seg.offset, seg.offset + seg.numel])).tolist()
+                self.memory.update(tname, sent[lo:hi] - seg.offset)
         return small
 
-    def reduce_small(self, tensors: list[torch.Tensor]) -> None:
+    def dense_bucket(self, buffer: torch.Tensor, named: list, large: list, small: list) -> list[tuple[str, torch.Tensor]]:
+        """The bucket all-reduced dense. With nothing held back in the memory this is exactly DDP's
+        all-reduce of the whole bucket, small tensors too; a memory that holds something is
+        flushed with it (error feedback's residual, DGC's velocity and local momentum). Then the
+        memory makes the update of every tensor (DGC: momentum on the average)."""
+        n = self.ring.size
+        if all(self.memory.is_clean(t) for t, _ in large):
+            dist.all_reduce(buffer, group=self.process_group)
+            self.meter.add("dense", buffer.numel() * buffer.element_size() * 2 * (n - 1) // n)
+            buffer.div_(n)
+            for tname, g in named:
+                self.memory.dense(tname, g.view(-1))
+            return []
+        parts = [self.memory.flush_input(t, g.view(-1)) for t, g in large]
+        msg = torch.cat(parts)
+        dist.all_reduce(msg, group=self.process_group)
+        self.meter.add("dense", msg.numel() * msg.element_size() * 2 * (n - 1) // n)
+        msg.div_(n)
+        at = 0
+        for (tname, g), part in zip(large, parts):
+            self.memory.flush_output(tname, msg[at : at + part.numel()], g.view(-1))
+            at += part.numel()
+        return small
+
+    def reduce_small(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """One dense all-reduce for every deferred small tensor of the step."""
         if not tensors:
             return
-        flat = torch.cat([t.flatten() for t in tensors])
+        flat = torch.cat([t.flatten() for _, t in tensors])
         dist.all_reduce(flat, group=self.process_group)
         n = self.ring.size
         self.meter.add("dense-small", flat.numel() * flat.element_size() * 2 * (n - 1) // n)
         flat.div_(n)
         offset = 0
-        for t in tensors:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        for name, t in tensors:
+            part = flat[offset : offset + t.numel()]
+            self.memory.dense(name, part)
+            t.copy_(part.view_as(t))
             offset += t.numel()
 
 
