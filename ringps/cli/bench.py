@@ -101,7 +101,7 @@ def run_comm(args: argparse.Namespace) -> int:
                   f"bound = bytes sent per worker / {link * 8 / 1e6:,.0f} Mbit/s"
                   f"{' (measured)' if not rate else ''}; times are medians of {args.repeats}")
     t = Table("exchange", "numel", "density", "select", "time", "write", "total", "bytes sent", "algbw", "busbw",
-              "bound", "time/bound")
+              "bound", "time/bound", "top-k mass recall")
     ms = lambda x: f"{x * 1e3:.1f} ms" if x else "-"  # noqa: E731
     for r in res["rows"]:
         tb = r["numel"] * 4
@@ -112,12 +112,15 @@ def run_comm(args: argparse.Namespace) -> int:
         mark = " *" if r.get("chosen") else ""
         t.add_row(r["exchange"] + mark, f"{r['numel']:.0e}", f"{r['density']:g}", ms(r["select_s"]), ms(r["time_s"]),
                   ms(r.get("write_s")), ms(total), f"{r['bytes_sent'] / 1e6:.2f} MB", _gbit(algbw), _gbit(busbw),
-                  f"{bound * 1e3:.1f} ms", f"{r['time_s'] / bound:.2f}")
+                  f"{bound * 1e3:.1f} ms", f"{r['time_s'] / bound:.2f}",
+                  f"{r['recall']:.3f}" if r.get("recall") is not None else "-")
     console.print(t)
     console.print("* the sparse exchange the cost model picks. select: local selection (the sampled top-k, or "
                   "shared-index's block scores); time: the exchange proper, from the selection until every rank "
                   "holds the sum; write: the dense average into the gradient; total: all three. algbw: "
-                  "dense-equivalent bytes / time; sparse busbw: bytes actually sent / time.")
+                  "dense-equivalent bytes / time; sparse busbw: bytes actually sent / time. top-k mass recall: over "
+                  "a run of error feedback on a fully connected layer's gradients, the share of the exact top-k "
+                  "mass of each rank's accumulated residual that the positions it sent cover (1.0: exact top-k).")
     return 0
 
 

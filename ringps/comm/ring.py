@@ -12,22 +12,30 @@ import torch
 from ringps.comm.p2p import Ring
 
 
-def ring_allreduce(t: torch.Tensor, ring: Ring, name: str = "dense-ring") -> torch.Tensor:
-    """Sum `t` (1-D) across the ring, in place; returns `t`."""
+def ring_allreduce(t: torch.Tensor, ring: Ring, name: str = "dense-ring", wire: torch.dtype | None = None) -> torch.Tensor:
+    """Sum `t` (1-D) across the ring, in place; returns `t`.
+
+    wire: the dtype chunks travel in (fp16, bf16); sums are still taken in t's dtype, and the
+    owner of each summed chunk rounds it to the wire dtype too, so every rank ends with the same
+    bits."""
     n = ring.size
     if n == 1:
         return t
+    wire = wire or t.dtype
     chunks = list(torch.tensor_split(t, n))
     r = ring.rank
-    buf = torch.empty(max(c.numel() for c in chunks), dtype=t.dtype)
+    buf = torch.empty(max(c.numel() for c in chunks), dtype=wire)
     for s in range(n - 1):  # reduce-scatter: afterwards rank r owns chunk (r + 1) % n
         send, recv = chunks[(r - s) % n], chunks[(r - s - 1) % n]
         got = buf[: recv.numel()]
-        ring.step(send, got, f"ring all-reduce chunk (reduce-scatter step {s})", name)
+        ring.step(send.to(wire), got, f"ring all-reduce chunk (reduce-scatter step {s})", name)
         recv.add_(got)
+    if wire != t.dtype:
+        own = chunks[(r + 1) % n]
+        own.copy_(own.to(wire))
     for s in range(n - 1):  # all-gather the summed chunks
         send, recv = chunks[(r + 1 - s) % n], chunks[(r - s) % n]
         got = buf[: recv.numel()]
-        ring.step(send, got, f"ring all-reduce chunk (all-gather step {s})", name)
+        ring.step(send.to(wire), got, f"ring all-reduce chunk (all-gather step {s})", name)
         recv.copy_(got)
     return t

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ringps.comm.p2p import Ring
+from ringps.comm.ring import ring_allreduce
 from ringps.compress.selectors import Selection, Selector
 from ringps.registry import Registry
 
@@ -60,9 +61,15 @@ class Reduced(NamedTuple):
     sent: torch.Tensor | None  # (m,) int64 sorted local positions that went out; None: all of them
 
 
-def build_exchange(name: str, block: int = 256) -> "Exchange":
-    """A fresh exchange by name (shared-index takes the block size)."""
-    return EXCHANGES.build(name, block) if name == "shared-index" else EXCHANGES.build(name)
+VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def build_exchange(name: str, block: int = 256, value_dtype: str = "fp32") -> "Exchange":
+    """A fresh exchange by name (shared-index takes the block size); `value_dtype`: what the
+    selected values travel in (allgather, shared-index; sums are taken in fp32)."""
+    ex = EXCHANGES.build(name, block) if name == "shared-index" else EXCHANGES.build(name)
+    ex.value_dtype = VALUE_DTYPES[value_dtype]
+    return ex
 
 
 def select_segments(acc: torch.Tensor, segments: list[Segment], selector: Selector, step: int) -> Selection:
@@ -88,6 +95,12 @@ def unpack(msg: torch.Tensor, k: int, dtype: torch.dtype) -> Selection:
 
 class Exchange:
     name = ""
+    value_dtype = torch.float32  # what values travel in (sums stay fp32)
+
+    def rounded(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` as the wire carries them (a rank's own contribution must be what the others
+        receive, or the replicas drift apart); the rounding error is not kept in the residual."""
+        return values if self.value_dtype == values.dtype else values.to(self.value_dtype).to(values.dtype)
 
     def prepare(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, step: int) -> Any:
         """Local work before the first message (no communication): by default the selection."""
@@ -147,13 +160,14 @@ class AllGather(Exchange):
 
     def combine(self, acc, segments, sel, ring):
         parts: list[Selection | None] = [None] * ring.size
-        parts[ring.rank] = sel
-        msg, k = pack(sel), sel.indices.numel()
+        parts[ring.rank] = Selection(sel.indices, self.rounded(sel.values))
+        msg, k = pack(Selection(sel.indices, sel.values.to(self.value_dtype))), sel.indices.numel()
         for s in range(ring.size - 1):  # pass each rank's message around the ring
             owner = (ring.rank - s - 1) % ring.size
             header, msg = ring.step_varsize(msg, [msg.numel(), k], f"sparse all-gather step {s}", self.name)
             k = header[1]
-            parts[owner] = unpack(msg, k, acc.dtype)
+            got = unpack(msg, k, self.value_dtype)
+            parts[owner] = Selection(got.indices, got.values.to(acc.dtype))
         return parts, sel.indices
 
     def write(self, acc, combined, ring, out):
@@ -281,8 +295,12 @@ class SharedIndex(Exchange):
         msg[k:][blocks] = 0  # what stays behind: the residual's scores ...
         if fresh is not None:
             msg[k:].add_(fresh)  # ... and what the next gradient is expected to add
-        dist.all_reduce(msg, group=ring.group)
-        _meter_ring(ring, self.name, msg)
+        if self.value_dtype == torch.float32:
+            dist.all_reduce(msg, group=ring.group)
+            _meter_ring(ring, self.name, msg)
+        else:  # 16 bits on the wire, sums in fp32 (scores clamped to what fp16 holds)
+            msg[k:].clamp_(max=torch.finfo(self.value_dtype).max / ring.size)
+            ring_allreduce(msg, ring, self.name, wire=self.value_dtype)
         start = k
         for s in segments:  # the next step's scores, per tensor
             nb = -(-s.numel // self.block)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
-from ringps.comm.sparse import EXCHANGES, Exchange, Segment, build_exchange
+from ringps.comm.sparse import EXCHANGES, VALUE_DTYPES, Exchange, Segment, build_exchange
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
 from ringps.config import SPARSE_PROGRESS
@@ -50,6 +50,7 @@ class RingTopkState:
         cost: Optional[CostParams] = None,
         progress: float = SPARSE_PROGRESS,
         compute_s: float = 0.0,
+        value_dtype: str = "fp32",
     ):
         if not 0.0 <= density <= 1.0:
             raise ValueError(f"density {density}: must be in [0, 1]")
@@ -57,6 +58,9 @@ class RingTopkState:
             raise ValueError(f"progress {progress}: must be in (0, 1]")
         if exchange != "auto":
             EXCHANGES.get(exchange)
+        if value_dtype not in VALUE_DTYPES:
+            raise ValueError(f"value_dtype {value_dtype!r}: one of {', '.join(VALUE_DTYPES)}")
+        self.value_dtype = value_dtype
         # hyper-parameters
         self.process_group = process_group
         self.schedule = DensitySchedule(density, warmup_steps)
@@ -139,13 +143,14 @@ class RingTopkState:
         if key not in self.plans:
             share = self.compute_s * n / self.model_numel if self.model_numel else 0.0
             self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block,
-                                              compute_s=share, progress=self.progress)[0]
+                                              compute_s=share, progress=self.progress,
+                                              value_bytes=VALUE_DTYPES[self.value_dtype].itemsize)[0]
         return self.plans[key]
 
     def exchange(self, name: str) -> Exchange:
         """The exchange `name`, kept across steps (shared-index carries block scores per tensor)."""
         if name not in self.exchanges:
-            self.exchanges[name] = build_exchange(name, self.block)
+            self.exchanges[name] = build_exchange(name, self.block, self.value_dtype)
         return self.exchanges[name]
 
     def buffers(self, index: int, names: list[str], large: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

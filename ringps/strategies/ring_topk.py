@@ -37,7 +37,7 @@ class RingTopk(DDPStrategy):
             selector=c.selector, memory=c.memory, exchange=self.exchange_override or c.exchange,
             dense_below=c.dense_below if self.dense_below_override is None else self.dense_below_override,
             block=c.block, momentum=self.cfg.train.momentum, clip_norm=c.clip_norm,
-            seed=self.cfg.run.seed, timeout=ctx.timeout, progress=c.sparse_progress,
+            seed=self.cfg.run.seed, timeout=ctx.timeout, progress=c.sparse_progress, value_dtype=c.value_dtype,
         )
 
     def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
