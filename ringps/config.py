@@ -166,6 +166,10 @@ class StrategyConfig(Section):
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB")
     powersgd_rank: int = Field(4, ge=1, description="powersgd: matrix approximation rank")
     powersgd_start_iter: int = Field(10, ge=2, description="powersgd: plain all-reduce for the first N steps")
+    local_period: int = Field(8, ge=1, description="localsgd: steps between model averages; diloco: inner steps per outer step (H)")
+    local_warmup_steps: int = Field(20, ge=0, description="localsgd: steps of global gradient all-reduce before local SGD starts")
+    diloco_outer_lr: float = Field(0.7, gt=0, description="diloco: outer Nesterov SGD learning rate (the paper's 0.7)")
+    diloco_outer_momentum: float = Field(0.9, ge=0, lt=1, description="diloco: outer momentum (the paper's 0.9)")
     layer_strategy: Literal["off", "auto"] = Field(
         "off", description="auto: per-layer methods, wait-free pushes, priority pulls (ps-async/threshold/stale-lr, ring-topk)")
 

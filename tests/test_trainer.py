@@ -64,7 +64,7 @@ def test_accuracy_setbacks():
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,exchange,selector", [
     ("allreduce", "allgather", "auto"), ("ring-topk", "allgather", "auto"), ("ring-topk", "shared-index", "auto"),
-    ("ring-topk", "allgather", "randomk")])
+    ("ring-topk", "allgather", "randomk"), ("localsgd", "dense", "auto"), ("diloco", "dense", "auto")])
 def test_resume_continues_exactly(tmp_path, strategy, exchange, selector):
     """Checkpoint at step 4, resume into a new run: step 8 is bitwise what the unbroken run had
     (the ring-topk residuals, selector generator, shared-index's block scores and loop position
@@ -72,7 +72,8 @@ def test_resume_continues_exactly(tmp_path, strategy, exchange, selector):
     index, which changes when DDP rebuilds its buckets after the first step)."""
     common = ["--dataset", "synthetic", "--synthetic-samples", "128", "--synthetic-shape", "1,8,8", "--model",
               "facenet", "--batch-size", "8", "--workers", "2", "--steps", "8", "--no-progress", "--strategy", strategy,
-              "--exchange", exchange, "--selector", selector, "--density", "0.05", "--dense-below", "1000"]
+              "--exchange", exchange, "--selector", selector, "--density", "0.05", "--dense-below", "1000",
+              "--local-period", "3", "--local-warmup-steps", "2"]  # a checkpoint in the middle of a local round
 
     def run(*args):
         r = subprocess.run([sys.executable, "-m", "ringps", "train", *common, *args], capture_output=True, text=True, timeout=240)

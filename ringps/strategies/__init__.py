@@ -2,6 +2,6 @@
 
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext
 
-from ringps.strategies import ddp, ps, ring_topk  # noqa: E402,F401  (registration)
+from ringps.strategies import ddp, local, ps, ring_topk  # noqa: E402,F401  (registration)
 
 __all__ = ["STRATEGIES", "StepStats", "Strategy", "WorkerContext"]

@@ -27,6 +27,11 @@ from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContex
 class DDPStrategy(Strategy):
     """Forward, stretch, backward (DDP communicates during it), optimizer step."""
 
+    @property
+    def init_sync(self) -> bool:
+        """DDP broadcasts rank 0's model when it wraps it (every replica is the same)."""
+        return True
+
     def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
         return ctx.group, TimedHook(default_hooks.allreduce_hook)
 
@@ -39,6 +44,7 @@ class DDPStrategy(Strategy):
             process_group=ctx.group,
             bucket_cap_mb=self.cfg.strategy.bucket_cap_mb,
             gradient_as_bucket_view=True,
+            init_sync=self.init_sync,
         )
         self.hook_state, self.hook = self.make_hook(ctx)
         self.ddp.register_comm_hook(self.hook_state, self.hook)
@@ -54,6 +60,7 @@ class DDPStrategy(Strategy):
         t3 = time.perf_counter()
         self.optimizer.step()
         t4 = time.perf_counter()
+        after = self.after_step()  # communication after the step (local SGD's model averaging)
         ready = max(self.hook.last_ready, t2)
         compute = (t1 - t0) + pause + (ready - t2) + (t4 - t3)
         self.ctx.stretch.last_compute_s = (t1 - t0) + (ready - t2)
@@ -61,10 +68,14 @@ class DDPStrategy(Strategy):
         return StepStats(
             loss=loss.item(),
             compute_s=compute,
-            exposed_s=t3 - ready,
+            exposed_s=t3 - ready + after,
             t_ready=self.hook.last_ready_wall or time.time(),
             extra=extra,
         )
+
+    def after_step(self) -> float:
+        """Work after the optimizer step; returns its seconds (counted as communication)."""
+        return 0.0
 
     def step_extra(self) -> dict[str, Any]:
         return {}
