@@ -15,6 +15,10 @@ applies the same averaged update, so replicas stay bitwise identical.
 
 from __future__ import annotations
 
+import atexit
+import logging
+import statistics
+import time
 import zlib
 from typing import Any, Optional
 
@@ -28,6 +32,11 @@ from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
 from ringps.config import SPARSE_PROGRESS
 from ringps.cost import CostParams, choose_exchange
+
+log = logging.getLogger("ringps")
+if not log.handlers and not logging.getLogger().handlers:  # say it even where nobody set up logging
+    log.addHandler(logging.StreamHandler())
+    log.setLevel(logging.INFO)
 
 
 class RingTopkState:
@@ -49,7 +58,7 @@ class RingTopkState:
         timeout: float = 300.0,
         cost: Optional[CostParams] = None,
         progress: float = SPARSE_PROGRESS,
-        compute_s: float = 0.0,
+        compute_s: Optional[float] = None,
         value_dtype: str = "fp32",
     ):
         if not 0.0 <= density <= 1.0:
@@ -67,12 +76,12 @@ class RingTopkState:
         self.exchange_name, self.dense_below, self.block = exchange, dense_below, block
         self.timeout, self.seed = timeout, seed
         self.selector = SELECTORS.build(selector, seed=seed) if selector in ("threshold", "randomk", "auto") else SELECTORS.build(selector)
-        self.memory = MEMORIES.build(memory, momentum=momentum, clip_norm=clip_norm,
-                                     workers=dist.get_world_size(process_group) if dist.is_initialized() else 1)
-        self.cost = cost or CostParams()
+        # the world size is read at first use (a framework may build this before the process group)
+        self.memory = MEMORIES.build(memory, momentum=momentum, clip_norm=clip_norm, workers=1)
+        self.cost: Optional[CostParams] = cost  # None: measured on the job's own links at first use
         # auto's price of sparse updates: the progress a sparse step makes relative to a dense
         # one, and the step's compute (seconds; its share per bucket goes into the comparison)
-        self.progress, self.compute_s = progress, compute_s
+        self.progress, self.compute_s = progress, compute_s  # compute_s None: measured over the first steps
         self.model_numel = 0
         # internal state
         self.iteration = 0
@@ -87,13 +96,67 @@ class RingTopkState:
         # statistics
         self.meter = PayloadMeter()
         self.chosen: dict[str, int] = {}
+        self.decisions: dict[tuple, tuple[str, dict]] = {}  # bucket signature -> (choice, costs) at the final density
+        self._ready = False
+        self._steps: list[float] = []  # per step: its wall time less the hook's own time (compute)
+        self._step_end = 0.0
+        self._step_comm = 0.0
 
     # -- set-up --------------------------------------------------------------------------
     def bind(self, model: torch.nn.Module) -> "RingTopkState":
-        """Key memories by parameter name (stable across DDP's bucket rebuild and checkpoints)."""
+        """Key memories by parameter name (stable across DDP's bucket rebuild and checkpoints).
+        Takes the model or its DDP wrapper; without it the names are found at first use."""
+        model = getattr(model, "module", model)  # DDP -> the user's module: names without "module."
         self.names = {id(p): n for n, p in model.named_parameters()}
         self.model_numel = sum(p.numel() for p in model.parameters())
         return self
+
+    def _find_names(self, params: list[torch.Tensor]) -> None:
+        """The DDP module that owns these parameters, found once (bind() was not called, or this
+        state was pickled into another process, where parameter ids mean nothing)."""
+        import gc
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = {id(p) for p in params}
+        for obj in gc.get_objects():
+            if isinstance(obj, DDP) and any(id(p) in ids for p in obj.module.parameters()):
+                self.bind(obj.module)
+                return
+
+    def first_use(self, params: list[torch.Tensor]) -> None:
+        """What needs the process group and the DDP model, done on the first bucket (on every
+        rank in the same order, so the link probe is a collective they all join)."""
+        self._ready = True
+        if not any(id(p) in self.names for p in params):
+            self._find_names(params)
+        self.memory.workers = self.ring.size  # local clipping: clip / sqrt(N)
+        if self.cost is None and self.exchange_name == "auto":
+            from ringps.comm.probe import measured_cost_params
+
+            self.cost = measured_cost_params(self.process_group)
+            if dist.get_rank() == 0:
+                log.info("ringps: measured the links: latency %.3g ms, %.0f Mbit/s per link (ring all-reduce); "
+                         "exchange=auto prices each bucket with it (state.summary() says what it chose)",
+                         self.cost.latency * 1e3, self.cost.bandwidth * 8 / 1e6)
+        self.cost = self.cost or CostParams()
+
+    def __getstate__(self) -> dict:
+        """Picklable (frameworks that spawn workers send the state along): no thread, ring,
+        process group or parameter ids travel; they are rebuilt at first use."""
+        state = dict(self.__dict__)
+        state.update(_thread=None, _ring=None, process_group=None, names={}, _ready=False, deferred=[], _flat={})
+        return state
+
+    def summary(self) -> str:
+        """One line per bucket: what `exchange` chose at the final density and why (the priced
+        time per step of each candidate, with sparse divided by its progress)."""
+        lines = []
+        for (sizes, k), (name, costs) in self.decisions.items():
+            priced = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in sorted(costs.items(), key=lambda x: x[1]))
+            lines.append(f"bucket of {sum(sizes):,} entries in {len(sizes)} tensors, k={k:,}: {name} ({priced})")
+        bw = f"{self.cost.bandwidth * 8 / 1e6:,.0f} Mbit/s" if self.cost else "not measured yet"
+        return f"links {bw}; " + ("; ".join(lines) if lines else "no bucket planned yet")
 
     @property
     def ring(self) -> Ring:
@@ -105,6 +168,7 @@ class RingTopkState:
     def thread(self) -> CommThread:
         if self._thread is None:
             self._thread = CommThread()
+            atexit.register(self.close)  # a comm thread alive at interpreter exit aborts it (gloo)
         return self._thread
 
     def close(self) -> None:
@@ -117,13 +181,30 @@ class RingTopkState:
         """The selector's sampling generator, if it has one (threshold, or auto's threshold)."""
         return getattr(getattr(self.selector, "threshold", self.selector), "gen", None)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, all_ranks: bool = False) -> dict[str, Any]:
+        """This rank's memory (residuals are per rank: every rank's differ). all_ranks=True, called
+        on every rank (a collective), returns every rank's, for a checkpoint that only rank 0
+        writes (Lightning's default): `load_state_dict` then takes its own rank's part."""
         gen = self._generator()
-        return {"iteration": self.iteration, "memory": self.memory.state_dict(),
-                "selector_rng": gen.get_state() if gen is not None else None,
-                "exchanges": {name: ex.state_dict() for name, ex in self.exchanges.items()}}
+        own = {"iteration": self.iteration, "memory": self.memory.state_dict(),
+               "selector_rng": gen.get_state() if gen is not None else None,
+               "exchanges": {name: ex.state_dict() for name, ex in self.exchanges.items()}}
+        if not all_ranks:
+            return own
+        def gather() -> list:
+            every: list = [None] * self.ring.size
+            dist.all_gather_object(every, own, group=self.process_group)
+            return every
+
+        # on the communication thread: in order with the hook's own collectives on every rank
+        return {"ranks": self.thread.submit(gather).wait()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "ranks" in state:  # a checkpoint of every rank: this rank's part
+            if len(state["ranks"]) != self.ring.size:
+                raise ValueError(f"the checkpoint holds {len(state['ranks'])} ranks' hook states, this job has "
+                                 f"{self.ring.size}")
+            state = state["ranks"][self.ring.rank]
         self.iteration = state["iteration"]
         self.memory.load_state_dict(state["memory"])
         self._flat.clear()  # re-place the loaded buffers into fresh flat accumulators
@@ -135,17 +216,41 @@ class RingTopkState:
             gen.set_state(state["selector_rng"])
 
     # -- the work of one bucket (runs on the communication thread) ------------------------
+    MEASURED_STEPS = 3  # steps whose compute sets compute_s when the user gave none
+
+    def step_done(self, comm_s: float) -> None:
+        """After the step's last bucket: note its compute (wall since the last step, less the
+        hook's own work); after MEASURED_STEPS of them every rank takes the slowest rank's median,
+        so all plan alike, and the buckets are planned afresh with it."""
+        now = time.perf_counter()
+        if self._step_end and self.compute_s is None and self.exchange_name == "auto":
+            self._steps.append(max(0.0, now - self._step_end - comm_s))
+            if len(self._steps) >= self.MEASURED_STEPS:
+                t = torch.tensor([statistics.median(self._steps)], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+                self.compute_s = float(t)
+                self.plans.clear()
+                self.decisions.clear()
+        self._step_end = time.perf_counter()
+
+    def choose(self, sizes: tuple[int, ...], k: int, overlap_s: float) -> tuple[str, dict]:
+        n = sum(sizes)
+        share = (self.compute_s or 0.0) * n / self.model_numel if self.model_numel else 0.0
+        return choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block, compute_s=share,
+                               progress=self.progress, value_bytes=VALUE_DTYPES[self.value_dtype].itemsize)
+
     def plan(self, segments: list[Segment], overlap_s: float) -> str:
         if self.exchange_name != "auto":
             return self.exchange_name
-        n, k = sum(s.numel for s in segments), sum(s.k for s in segments)
-        key = (tuple(s.numel for s in segments), k)
-        if key not in self.plans:
-            share = self.compute_s * n / self.model_numel if self.model_numel else 0.0
-            self.plans[key] = choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block,
-                                              compute_s=share, progress=self.progress,
-                                              value_bytes=VALUE_DTYPES[self.value_dtype].itemsize)[0]
-        return self.plans[key]
+        if self.compute_s is None:
+            return "dense"  # until the step's compute is known: a sparse step is priced against it
+        sizes, k = tuple(s.numel for s in segments), sum(s.k for s in segments)
+        if (sizes, k) not in self.plans:
+            self.plans[(sizes, k)] = self.choose(sizes, k, overlap_s)[0]
+            final = sum(self.schedule.k(n, 1 << 62) for n in sizes)
+            if (sizes, final) not in self.decisions:  # what it will do once warmed up, for summary()
+                self.decisions[(sizes, final)] = self.choose(sizes, final, overlap_s)
+        return self.plans[(sizes, k)]
 
     def exchange(self, name: str) -> Exchange:
         """The exchange `name`, kept across steps (shared-index carries block scores per tensor)."""
@@ -174,6 +279,8 @@ class RingTopkState:
     def process(self, index: int, buffer: torch.Tensor, grads: list[torch.Tensor], params: list[torch.Tensor],
                 step: int) -> list[tuple[str, torch.Tensor]]:
         """Reduce the bucket's large tensors in place; return its small ones, named (deferred)."""
+        if not self._ready:
+            self.first_use(params)
         named = [(self.name_of(index, i, p), g) for i, (g, p) in enumerate(zip(grads, params))]
         large = [(n, g) for n, g in named if g.numel() >= self.dense_below]
         small = [(n, g) for n, g in named if g.numel() < self.dense_below]
@@ -256,17 +363,23 @@ def ring_topk_hook(state, bucket):
 
     def work() -> None:
         try:
+            t0 = time.perf_counter()
             small = state.process(index, buffer, grads, params, step)
-            if small:
+            if small or last:  # the last bucket's future too: the step's work ends before backward() returns
                 state.deferred.append((fut, buffer, small))
             else:
                 fut.set_result(buffer)
             if last:
-                pending, state.deferred = state.deferred, []
-                state.reduce_small([t for _, _, ts in pending for t in ts])
+                state.reduce_small([t for _, _, ts in state.deferred for t in ts])
                 state.iteration += 1
+                state._step_comm += time.perf_counter() - t0
+                state.step_done(state._step_comm)
+                state._step_comm = 0.0
+                pending, state.deferred = state.deferred, []  # only now: a failure above fails them all
                 for f, buf, _ in pending:
                     f.set_result(buf)
+            else:
+                state._step_comm += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - DDP re-raises it from backward()
             pending, state.deferred = state.deferred, []
             for f, _, _ in pending:

@@ -1,0 +1,28 @@
+# ring-topk in your own DDP loop: torchrun --standalone --nproc-per-node 2 examples/ddp_hook.py
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 10))  # 1M entries
+# --- the README's snippet ---
+from ringps.hooks import RingTopkState, ring_topk_hook
+
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+state = RingTopkState(density=0.01, exchange="auto", warmup_steps=100).bind(model)
+ddp.register_comm_hook(state, ring_topk_hook)
+# --- end ---
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+for step in range(int(sys.argv[1]) if len(sys.argv) > 1 else 20):
+    x = torch.randn(32, 1000)
+    opt.zero_grad()
+    F.cross_entropy(ddp(x), x[:, :10].argmax(1)).backward()
+    opt.step()
+checkpoint = state.state_dict(all_ranks=True)  # every rank's residuals (a collective)
+if dist.get_rank() == 0:
+    print(state.summary())
+    torch.save(checkpoint, sys.argv[2]) if len(sys.argv) > 2 else None
+dist.destroy_process_group()
