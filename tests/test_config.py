@@ -29,6 +29,18 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         (["--net", "fast"], "--net fast: 'fast' is not a rate"),
         (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
         (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+        (["--out", "/proc/nope"], "--out /proc/nope: cannot write the run folder there"),
+        (["--resume", "/nonexistent"], "--resume /nonexistent: no such checkpoint folder"),
+        (["--strategy", "ps-async", "--optimizer", "adam"], "the parameter servers run momentum SGD"),
+        (["--value-dtype", "fp8"], "--value-dtype fp8: must be one of"),
+        (["--local-period", "0"], "--local-period 0: must be >= 1"),
+        (["--density", "1.5"], "--density 1.5: must be <= 1"),
+        (["--strategy", "ps-vsgd", "--vsgd-weight", "cubic:1"], "unknown weight function 'cubic'"),
+        (["--workers", "300"], "--workers 300: must be <= 256"),
+        (["--model", "vgg"], "unknown model 'vgg'"),
+        (["--dataset", "folder:/nonexistent"], "/nonexistent"),
+        (["--strategy", "ps-threshold", "--staleness-threshold", "-1"], "--staleness-threshold -1: must be >= 0"),
+        (["--diloco-outer-momentum", "1"], "--diloco-outer-momentum 1: must be < 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expected):

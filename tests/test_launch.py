@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,3 +96,34 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
     (tmp_path / "run" / "ranks").mkdir(parents=True)
     r = ringps("train", *TINY, "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "already holds a run" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_local_run_listens_on_loopback_only(tmp_path):
+    """A local job rendezvous through a file store in its run folder (a TCP store listens on every
+    interface) and keeps gloo on loopback: no socket of the job listens beyond 127.0.0.1."""
+    import re
+
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "ringps", "train", "--dataset", "synthetic", "--synthetic-samples", "4096",
+                          "--synthetic-shape", "1,8,8", "--model", "mlp", "--epochs", "20", "--workers", "2",
+                          "--no-progress", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        pids: set[int] = set()
+        deadline = time.monotonic() + 90
+        while len(pids) < 2 and time.monotonic() < deadline:
+            for f in (out / "ranks").glob("rank*.jsonl") if (out / "ranks").is_dir() else []:
+                pids |= {r["pid"] for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") == "start"}
+            time.sleep(0.2)
+        assert len(pids) == 2, "the job never started"
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        ours = [l for l in listening if any(f"pid={pid}," in l for pid in pids)]
+        assert ours, listening  # gloo's pair sockets
+        for line in ours:
+            local = line.split()[3]
+            assert re.match(r"^(127\.0\.0\.1|\[::1\]):\d+$", local), line
+    finally:
+        p.wait(timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert not (out / "logs" / "rendezvous.store").exists()

@@ -24,10 +24,11 @@ import json
 import statistics
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from ringps.comm.group import init_from_env
 
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--recall-steps", type=int, default=12)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    init_from_env("gloo", 600.0)
     rank, N = dist.get_rank(), dist.get_world_size()
     latency, bandwidth = measure_links()
     cpu = calibrate_cpu() if rank == 0 else {}

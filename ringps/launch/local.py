@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ringps.comm.group import local_env
 from ringps.config import Config
 from ringps.errors import CommTimeout, WorkerFailed
 from ringps.launch.progress import ProgressView
@@ -85,6 +86,8 @@ class Job:
                 MASTER_ADDR=self.placement.master_addr, MASTER_PORT=str(port),
                 OMP_NUM_THREADS=str(self.cfg.run.threads), PYTHONUNBUFFERED="1", RINGPS_LAUNCHED="1",
             )
+            if not self.placement.prefixes:  # all on loopback: a file store, nothing listens beyond it
+                env.update(local_env(str(self.run_dir / "logs" / "rendezvous.store")))
             env.update(self.placement.envs.get(rank, {}))
             cmd = self.placement.prefixes.get(rank, []) + [sys.executable, "-m", "ringps.launch.worker", "--run-dir", str(self.run_dir)]
             log = open(logs / f"rank{rank}.log", "w")

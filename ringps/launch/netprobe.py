@@ -56,13 +56,13 @@ def tcp_send(addr: str, port: int, nbytes: int) -> dict:
 
 
 def allreduce(numel: int, iters: int) -> dict:
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
+    from ringps.comm.group import init_from_env
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    init_from_env("gloo", 300.0)
     t = torch.ones(numel)
     dist.all_reduce(t)  # connect and warm up
     times = []

@@ -27,6 +27,11 @@ def check(cfg: Config) -> None:
     strategy = STRATEGIES.get(cfg.strategy.strategy)
     MODELS.get(cfg.model.model)
     strategy.check(cfg)
+    if cfg.train.resume is not None and not Path(cfg.train.resume).is_dir():
+        from ringps.errors import ConfigError
+
+        raise ConfigError(f"--resume {cfg.train.resume}: no such checkpoint folder (give runs/NAME/checkpoints/stepN, "
+                          "or a parameter-server run's folder)")
     if cfg.run.net is not None:
         from ringps.launch.cluster import ClusterError, requirements_missing
 

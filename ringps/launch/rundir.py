@@ -21,8 +21,12 @@ def create_run_dir(cfg: Config) -> Path:
     out = Path(cfg.run.out) if cfg.run.out else Path("runs") / name
     if (out / "summary.json").exists() or (out / "ranks").exists():
         raise ConfigError(f"--out {out}: already holds a run; choose another --name or --out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ranks").mkdir()
-    (out / "logs").mkdir(exist_ok=True)
-    (out / "config.yaml").write_text(cfg.to_yaml())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ranks").mkdir()
+        (out / "logs").mkdir(exist_ok=True)
+        (out / "config.yaml").write_text(cfg.to_yaml())
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write the run folder there ({e.strerror or e}); "
+                          "choose a writable --out") from None
     return out

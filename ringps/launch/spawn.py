@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+from ringps.comm.group import local_env
 from ringps.errors import CommTimeout, WorkerFailed
 from ringps.launch.local import Placement, free_port
 
@@ -18,11 +22,13 @@ def run_module(module: str, args: list[str], world: int, placement: Placement | 
                timeout: float = 600.0, threads: int = 1) -> list[dict]:
     placement = placement or Placement()
     port = free_port()
+    store = Path(tempfile.mkdtemp(prefix="ringps-store-")) / "rendezvous.store"
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": placement.master_addr, "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads),
-               "RINGPS_LAUNCHED": "1", **placement.envs.get(rank, {})}
+               "RINGPS_LAUNCHED": "1", **({} if placement.prefixes else local_env(str(store))),
+               **placement.envs.get(rank, {})}
         cmd = placement.prefixes.get(rank, []) + [sys.executable, "-m", module, *args]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout
@@ -43,4 +49,5 @@ def run_module(module: str, args: list[str], world: int, placement: Placement | 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        shutil.rmtree(store.parent, ignore_errors=True)
     return outs

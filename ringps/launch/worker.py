@@ -23,6 +23,8 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from ringps.comm.group import init_from_env
 import yaml
 
 from ringps.config import Config, validate
@@ -76,7 +78,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
     trainer: Optional[Trainer] = None
     try:
         worker_ranks, server_ranks = roles(cfg, world)
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.run.timeout))
+        init_from_env(backend, cfg.run.timeout)
         if not managed:  # torchrun decides the size; rank 0 names the run folder for everyone
             cfg.run.workers = len(worker_ranks)
             run_dir = shared_run_dir(cfg, rank)

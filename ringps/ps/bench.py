@@ -16,10 +16,11 @@ import resource
 import statistics
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from ringps.comm.group import init_from_env
 import torch.nn as nn
 
 from ringps.config import validate
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--policy", default="async")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    init_from_env("gloo", 300.0)
     rank, world = dist.get_rank(), dist.get_world_size()
     server_rank, workers = world - 1, list(range(world - 1))
     model = nn.Module()
