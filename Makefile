@@ -7,10 +7,11 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast system-deps clean
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml requirements-dev.txt requirements-extras.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-extras.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
