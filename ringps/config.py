@@ -81,6 +81,11 @@ class RunConfig(Section):
         None, description="per-worker compute stretch, e.g. 1,1,2,4 (worker i sleeps (f-1)x its compute)"
     )
     progress: bool = Field(True, description="show a progress bar")
+    trace: bool = Field(True, description="write a timeline trace per rank, trace/rank-R.json (Chrome trace format: "
+                        "Perfetto, HTA); its cost is measured in docs/RESULTS.md")
+    profile_steps: Optional[str] = Field(None, description="A:B: also capture torch.profiler for steps A to B "
+                                         "(trace/profile-rank-R.json)")
+    tensorboard: bool = Field(False, description="write TensorBoard event files to tb/ (needs the tensorboard package)")
 
     _split = field_validator("slowdown", mode="before")(_split_list)
 
@@ -89,6 +94,15 @@ class RunConfig(Section):
     def _factors(cls, v: Optional[list[float]]) -> Optional[list[float]]:
         if v is not None and any(f < 1 for f in v):
             raise ValueError("every factor must be >= 1")
+        return v
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _steps(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            a, sep, b = v.partition(":")
+            if not (sep and a.isdigit() and b.isdigit() and 1 <= int(a) <= int(b)):
+                raise ValueError("write A:B, whole steps with 1 <= A <= B")
         return v
 
     @field_validator("net")

@@ -86,4 +86,9 @@ def plot_breakdown(runs: list[tuple[Path, dict[str, Any]]], out: Path) -> Path:
 
 
 def plot_runs(runs: list[tuple[Path, dict[str, Any]]], out: Path) -> list[Path]:
-    return plot_curves(runs, out) + [plot_breakdown(runs, out)]
+    from ringps.cli.timeline import plot_staleness, plot_timeline
+
+    written = plot_curves(runs, out) + [plot_breakdown(runs, out)]
+    for run_dir, _ in runs:
+        written += plot_timeline(run_dir, out) + plot_staleness(run_dir, _rows(run_dir), out)
+    return written

@@ -18,6 +18,30 @@ HELP = "summarise finished runs side by side and plot their curves"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with summary.json)")
     p.add_argument("--plots", metavar="DIR", help="where to write the PNGs (default: the first run's parent)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="per rank: shares of compute, exposed communication, evaluation and idle, from the traces")
+
+
+def print_breakdowns(runs: list, console: Console) -> None:
+    from rich.table import Table
+
+    from ringps.cli.timeline import breakdown
+
+    for d, _ in runs:
+        b = breakdown(d)
+        if not b:
+            console.print(f"{d}: no traces (run with --trace)")
+            continue
+        t = Table("rank", "role", "wall s", "compute", "exposed comm", "evaluation", "idle", "server: applying",
+                  title=f"{d.name}: where each rank's time went (from trace/)", title_justify="left")
+        pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+        for rank, r in sorted(b.items()):
+            if r["role"] == "server":
+                t.add_row(str(rank), "server", f"{r['wall_s']:.1f}", "", "", "", "", pct(r["apply_share"]))
+            else:
+                t.add_row(str(rank), "worker", f"{r['wall_s']:.1f}", pct(r["compute_share"]), pct(r["comm_share"]),
+                          pct(r["eval_share"]), pct(r["idle_share"]), "")
+        console.print(t)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise ConfigError(f"{r}: not a run folder (no summary.json or ranks/)")
     console = wide_console()
+    if args.breakdown:
+        print_breakdowns(runs, console)
     print_summaries([s for _, s in runs], console, title="runs (ratios to the first)")
     out = Path(args.plots) if args.plots else runs[0][0].parent
     written = plot_runs(runs, out)

@@ -29,11 +29,13 @@ Every rank applies the same bits: sums run in rank order or each element is summ
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
+from ringps import trace
 from ringps.comm.p2p import Ring
 from ringps.comm.ring import ring_allreduce
 from ringps.compress.selectors import Selection, Selector
@@ -116,8 +118,21 @@ class Exchange:
 
     def reduce(self, acc: torch.Tensor, segments: list[Segment], selector: Selector, ring: Ring, step: int,
                out: torch.Tensor | None = None) -> Reduced:
+        tr = trace.get()
+        t0 = time.perf_counter()
         prepared = self.prepare(acc, segments, selector, step)
-        return self.write(acc, self.combine(acc, segments, prepared, ring), ring, out)
+        t1 = time.perf_counter()
+        sent = sum(ring.meter.sent.values()) if ring.meter is not None else 0
+        combined = self.combine(acc, segments, prepared, ring)
+        t2 = time.perf_counter()
+        reduced = self.write(acc, combined, ring, out)
+        if tr.enabled:
+            n, k = acc.numel(), sum(s.k for s in segments)
+            nbytes = (sum(ring.meter.sent.values()) - sent) if ring.meter is not None else None
+            tr.add(f"{self.name}: prepare", "comm", t0, t1, exchange=self.name)
+            tr.add(f"{self.name}: combine", "comm", t1, t2, exchange=self.name, bytes=nbytes, density=k / max(1, n))
+            tr.add(f"{self.name}: write", "comm", t2, time.perf_counter(), exchange=self.name)
+        return reduced
 
     def state_dict(self) -> dict[str, Any]:
         """What the exchange carries from one step to the next (for checkpoints)."""

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ringps import trace
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.sparse import EXCHANGES, VALUE_DTYPES, Exchange, Segment, build_exchange
@@ -364,13 +365,15 @@ def ring_topk_hook(state, bucket):
     def work() -> None:
         try:
             t0 = time.perf_counter()
-            small = state.process(index, buffer, grads, params, step)
+            with trace.get().span(f"bucket {index}", "comm", lane="comm", step=step, density=state.schedule(step)):
+                small = state.process(index, buffer, grads, params, step)
             if small or last:  # the last bucket's future too: the step's work ends before backward() returns
                 state.deferred.append((fut, buffer, small))
             else:
                 fut.set_result(buffer)
             if last:
-                state.reduce_small([t for _, _, ts in state.deferred for t in ts])
+                with trace.get().span("small tensors (fused)", "comm", lane="comm"):
+                    state.reduce_small([t for _, _, ts in state.deferred for t in ts])
                 state.iteration += 1
                 state._step_comm += time.perf_counter() - t0
                 state.step_done(state._step_comm)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from ringps.comm.group import init_from_env
 import yaml
 
+from ringps import trace
 from ringps.config import Config, validate
 from ringps.data import load_dataset
 from ringps.data.loader import steps_per_epoch
@@ -83,6 +84,10 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
             cfg.run.workers = len(worker_ranks)
             run_dir = shared_run_dir(cfg, rank)
         assert run_dir is not None
+        if cfg.run.trace:
+            tracer = trace.install(trace.Tracer(run_dir, rank, world, backend, "worker" if rank in worker_ranks else "server"))
+            dist.barrier()  # every rank's lanes count from the moment they all left this barrier
+            tracer.align(time.perf_counter())
         group = dist.new_group(list(worker_ranks), timeout=timedelta(seconds=cfg.run.timeout)) if server_ranks else None
         data = load_dataset(cfg.data)
         torch.manual_seed(cfg.run.seed)  # identical initial model on every rank
@@ -103,6 +108,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
             trainer.run()
         else:
             strategy.serve(ctx, model)
+        trace.get().write()
         finish(cfg, run_dir, rank, world, managed, strategy)
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure leaves one line and a traceback
@@ -114,6 +120,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
         if run_dir is not None:
             (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
             (run_dir / "ranks" / f"rank{rank}.error").write_text(line + "\n")
+            trace.get().write()  # what happened up to the failure
         return 1
 
 

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ringps import trace
 from ringps.errors import CommTimeout, ProtocolError, first_line
 from ringps.ps import wire
 from ringps.ps.layout import Layout
@@ -111,8 +112,15 @@ class Client:
             if sample is not None:
                 works.append((dist.isend(sample, dst=srv, tag=wire.TAG_SAMPLE), "sending a value sample", srv))
                 sent += sample.numel() * sample.element_size()
+        t_sent = time.perf_counter()
         self._wait(works)
+        t_pushed = time.perf_counter()
         heads = self._replies("push", raws, replies)
+        tr = trace.get()
+        if tr.enabled:
+            tr.add("push", "comm", t_sent, t_pushed, bytes=sent)
+            tr.add("wait for reply", "comm", t_pushed, time.perf_counter(), staleness=max(h.staleness for h in heads),
+                   applied=all(h.status == wire.APPLIED for h in heads), held_s=max(h.held_us for h in heads) / 1e6)
         recv = sum(hi - lo for lo, hi in self.ranges) * self.values.element_size()
         return PushResult(
             applied=[h.status == wire.APPLIED for h in heads], staleness=[h.staleness for h in heads],

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ringps import trace
 from ringps.comm.thread import CommThread
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold
@@ -247,9 +248,12 @@ class LayeredClient:
         works = [dist.isend(h.encode(), dst=srv, tag=wire.TAG_HEADER), dist.isend(payload, dst=srv, tag=wire.TAG_PAYLOAD)]
         if sample is not None:
             works.append(dist.isend(sample, dst=srv, tag=wire.TAG_SAMPLE))
-        self._wait(works, f"pushing layer {spec.name}", srv)
+        with trace.get().span(f"push {spec.name}", "comm", lane="comm", method=spec.method, server=srv,
+                              bytes=payload.numel() * payload.element_size()):
+            self._wait(works, f"pushing layer {spec.name}", srv)
         if every:
-            self._receive_all()
+            with trace.get().span("replies", "comm", lane="comm"):
+                self._receive_all()
 
     def _receive_all(self) -> None:
         """Every layer's answer in priority order (each server sends its own layers in that order);
@@ -430,15 +434,23 @@ class LayerServer(Server):
                 continue
             if sample is not None:
                 self._recv(worker, (sample, wire.TAG_SAMPLE, "a value sample"))
+            t0 = time.perf_counter()
             buf = self.recv.acquire(f"server rank {self.rank}: worker rank {worker}'s step ")
             try:
                 grad = buf[: self.n]
                 factors = self.decode(parts, grad)  # outside the lock: a 40 MB rebuild takes tens of ms
+                t1 = time.perf_counter()
                 o, push = self.commit(worker, h, grad, sample, extra=factors)
+                t2 = time.perf_counter()
             finally:
                 self.recv.release(buf)
             parts = []
-            self.reply_all(worker, h, o, self.settle(push))
+            held = self.settle(push)
+            t3 = time.perf_counter()
+            self.reply_all(worker, h, o, held)
+            tr = trace.get()
+            if tr.enabled:
+                self.trace_push(tr, f"worker {worker}", (t0, t1, t2, t3, time.perf_counter()), o)
 
     def _fill(self, buf: torch.Tensor) -> None:
         for s in self.valued:

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
+from ringps import trace
 from ringps.errors import CommTimeout, ConfigError, ProtocolError, WorkerFailed, first_line
 from ringps.ps import wire
 from ringps.ps.buffers import BufferPool, SnapshotPool
@@ -311,16 +312,39 @@ class Server:
                 else:
                     self.send_values(worker, reply)
                 continue
+            tr, lane = trace.get(), f"worker {worker}"
+            t0 = time.perf_counter()
             buf = self.recv.acquire(f"server rank {self.rank}: worker rank {worker}'s push ")
             try:
                 grad, sample = buf[: self.n], (buf[self.n :] if self.sample_n else None)
                 self._recv(worker, (grad, wire.TAG_PAYLOAD, "a gradient"),
                            *([(sample, wire.TAG_SAMPLE, "a value sample")] if sample is not None else []))
+                t1 = time.perf_counter()
                 o, push = self.commit(worker, h, grad, sample)
+                t2 = time.perf_counter()
             finally:
                 self.recv.release(buf)
             held = self.settle(push)
+            t3 = time.perf_counter()
             self.send_values(worker, self.reply_header(h, o, held))
+            if tr.enabled:
+                self.trace_push(tr, lane, (t0, t1, t2, t3, time.perf_counter()), o)
+
+    @staticmethod
+    def trace_push(tr, lane: str, t: tuple, o: Outcome) -> None:
+        """receive, judge and apply, hold, reply: one push on the server's lane for its worker."""
+        verdict = wire.STATUS[o.status]
+        tr.add("receive", "server", t[0], t[1], lane)
+        start = t[1]
+        if o.paused > 1e-4:  # held at the server while another worker evaluated
+            start = min(t[2], t[1] + o.paused)
+            tr.add("paused for an evaluation", "eval", t[1], start, lane)
+        tr.add(f"judge+apply ({verdict})", "server", start, t[2], lane, verdict=verdict, staleness=o.staleness,
+               weight=o.verdict.weight)
+        if t[3] - t[2] > 1e-4:
+            tr.add("hold", "server", t[2], t[3], lane)
+        tr.add("reply", "server", t[3], t[4], lane)
+        tr.counter("staleness", at=t[2], staleness=o.staleness)
 
     def reply_header(self, h: wire.Header, o: Outcome, held: float) -> wire.Header:
         return wire.Header(wire.OP_REPLY, self.rank, self.index, status=o.status, staleness=o.staleness,

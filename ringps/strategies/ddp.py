@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ringps import trace
 from ringps.hooks import OrderedHook, TimedHook
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
 
@@ -62,9 +63,19 @@ class DDPStrategy(Strategy):
         t4 = time.perf_counter()
         after = self.after_step()  # communication after the step (local SGD's model averaging)
         ready = max(self.hook.last_ready, t2)
-        compute = (t1 - t0) + pause + (ready - t2) + (t4 - t3)
+        compute = (t2 - t0) + (ready - t2) + (t4 - t3)  # the stretch as slept, not as asked for
         self.ctx.stretch.last_compute_s = (t1 - t0) + (ready - t2)
         extra = self.step_extra()
+        tr = trace.get()
+        if tr.enabled:  # the spans add up to compute_s and exposed_s exactly
+            tr.add("forward", "compute", t0, t1)
+            if pause:
+                tr.add("slowdown", "compute", t1, t2, factor=self.ctx.stretch.factor)
+            tr.add("backward", "compute", t2, ready)
+            tr.add("exposed communication", "comm", ready, t3)
+            tr.add("optimizer", "compute", t3, t4)
+            if after:
+                tr.add("model averaging", "comm", t4, t4 + after)
         return StepStats(
             loss=loss.item(),
             compute_s=compute,

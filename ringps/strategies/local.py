@@ -136,7 +136,7 @@ class DiLoCo(Strategy):
         sent = self.sync() if self.inner_steps % self.cfg.strategy.local_period == 0 else 0
         t4 = time.perf_counter()
         self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2)
-        return StepStats(loss=loss.item(), compute_s=(t1 - t0) + pause + (t3 - t2), exposed_s=t4 - t3,
+        return StepStats(loss=loss.item(), compute_s=(t2 - t0) + (t3 - t2), exposed_s=t4 - t3,
                          payload_sent=sent, payload_recv=sent, t_ready=time.time() - (t4 - t3),
                          extra={"outer_round": self.rounds})
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn as nn
 
+from ringps import trace
 from ringps.comm.probe import broadcast_object, measured_cost_params
 from ringps.cost import contention
 from ringps.ps import POLICIES
@@ -162,13 +163,20 @@ class ParameterServer(Strategy):
         self.grads.zero_()
         loss = loss_of(self.model, batch, self.ctx.device)
         t1 = time.perf_counter()
+        w1 = waited()
         pause = self.ctx.stretch(t1 - t0)
         t2 = time.perf_counter()
         loss.backward()
         t3 = time.perf_counter()
         wait = waited() - w0
+        tr = trace.get()
+        if tr.enabled:  # layer mode: the forward's waits for updates are communication, not compute
+            tr.add("forward", "compute", t0, t1, waited_for_updates_s=w1 - w0)
+            if pause:
+                tr.add("slowdown", "compute", t1, t2, factor=self.ctx.stretch.factor)
+            tr.add("backward", "compute", t2, t3)
         self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2) - wait
-        return loss, (t1 - t0) + pause + (t3 - t2) - wait, wait
+        return loss, (t3 - t0) - wait, wait  # the stretch as slept, not as asked for
 
     def step(self, batch) -> StepStats:
         self.steps += 1

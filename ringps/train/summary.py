@@ -164,6 +164,10 @@ def finalize(run_dir: Path, extra: Optional[dict[str, Any]] = None) -> dict[str,
         for r in rows:
             f.write(json.dumps(r) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.get("run", {}).get("tensorboard"):
+        from ringps.train.tensorboard import write_tensorboard
+
+        write_tensorboard(run_dir, rows)
     return summary
 
 

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from ringps import trace
 from ringps.comm.meter import TcpCounters
 from ringps.data import Dataset
 from ringps.data.loader import ShardedLoader
@@ -64,6 +65,27 @@ class Clock:
     def skip(self, seconds: float) -> None:
         """Leave out `seconds` that just passed (e.g. waiting for another worker's evaluation)."""
         self.start += max(0.0, seconds)
+
+
+class StepProfiler:
+    """--profile-steps A:B: torch.profiler around steps A to B, exported beside the rank's trace."""
+
+    def __init__(self, spec: Optional[str], out_dir, rank: int):
+        self.first, self.last = (int(x) for x in spec.split(":")) if spec else (0, -1)
+        self.path = out_dir / "trace" / f"profile-rank-{rank}.json"
+        self.prof = None
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            self.prof = torch.profiler.profile(record_shapes=True)
+            self.prof.__enter__()
+
+    def after(self, step: int) -> None:
+        if self.prof is not None and step == self.last:
+            self.prof.__exit__(None, None, None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.prof.export_chrome_trace(str(self.path))
+            self.prof = None
 
 
 @dataclass
@@ -127,6 +149,7 @@ class Trainer:
         self.recorder.write("start", worker=ctx.worker, rank=ctx.rank, pid=os.getpid(), steps=self.total_steps,
                             steps_per_epoch=len(self.loader), wall=time.time())
         clock = Clock(self.clock_offset)
+        tracer, profiler = trace.get(), StepProfiler(cfg.run.profile_steps, ctx.out_dir, ctx.rank)
         stop = False
         budgeted = self.strategy.budgeted
         cap = self.total_steps * (20 if budgeted else 1)  # a budgeted worker may do more than its share
@@ -141,9 +164,15 @@ class Trainer:
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
                 self.where = f"step {self.step + 1}"
+                profiler.before(self.step + 1)
                 before = self.tcp.read()
                 stats = self.strategy.step(batch)
                 moved = self.tcp.read() - before
+                profiler.after(self.step + 1)
+                tracer.counter("bytes", sent=moved.sent, recv=moved.recv)
+                marks = {k: stats.extra[k] for k in ("staleness", "weight", "density") if stats.extra.get(k) is not None}
+                if marks:
+                    tracer.counter("strategy", **marks)
                 clock.skip(stats.paused_s)  # held still while another worker evaluated
                 self.step += 1
                 self.recorder.write(
@@ -175,7 +204,7 @@ class Trainer:
         ctx, s = self.ctx, self.strategy
         parts = ctx.workers if s.collective_eval else 1
         part = ctx.worker if s.collective_eval else 0
-        with s.evaluating():
+        with trace.get().span("evaluation", "eval"), s.evaluating():
             began = time.time()
             res = evaluate(s.eval_model(), self.data.test, self.stats, ctx.device, part, parts, ctx.group)
             ended = time.time()
