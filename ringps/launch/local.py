@@ -87,7 +87,7 @@ class Job:
                 OMP_NUM_THREADS=str(self.cfg.run.threads), PYTHONUNBUFFERED="1", RINGPS_LAUNCHED="1",
             )
             if not self.placement.prefixes:  # all on loopback: a file store, nothing listens beyond it
-                env.update(local_env(str(self.run_dir / "logs" / "rendezvous.store")))
+                env.update(local_env(str((self.run_dir / "logs" / "rendezvous.store").resolve())))
             env.update(self.placement.envs.get(rank, {}))
             cmd = self.placement.prefixes.get(rank, []) + [sys.executable, "-m", "ringps.launch.worker", "--run-dir", str(self.run_dir)]
             log = open(logs / f"rank{rank}.log", "w")
