@@ -46,7 +46,7 @@ def main() -> None:
     for s, runs in results.items():
         console.print(table(f"{s}: ratios to allreduce", runs, "allreduce"))
         checks = []
-        rt, ar, ps = runs.get("ring-topk"), runs.get("allreduce"), runs.get("powersgd")
+        rt, ar = runs.get("ring-topk"), runs.get("allreduce")
         if rt and ar:
             tta_rt, tta_ar = med(rt, "time_to_accuracy_s"), med(ar, "time_to_accuracy_s")
             acc_rt, acc_ar = med(rt, "final_accuracy"), med(ar, "final_accuracy")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 from common import add_out_arg, console, contenders_from, guarded, med, run_matrix, table, write_report

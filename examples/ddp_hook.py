@@ -9,7 +9,7 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 10))  # 1M entries
 # --- the README's snippet ---
-from ringps.hooks import RingTopkState, ring_topk_hook
+from ringps.hooks import RingTopkState, ring_topk_hook  # noqa: E402
 
 ddp = torch.nn.parallel.DistributedDataParallel(model)
 state = RingTopkState(density=0.01, exchange="auto", warmup_steps=100).bind(model)

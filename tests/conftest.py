@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import socket
 import traceback
 from datetime import timedelta

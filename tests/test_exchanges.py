@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import run_ranks
+
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.ring import ring_allreduce
@@ -110,7 +110,7 @@ def check_shared(world, n, k, block, res):
 def two_steps(rank, world):
     from ringps.comm.sparse import SharedIndex
 
-    n, k, block = 1001, 60, 7
+    n, block = 1001, 7
     ex = SharedIndex(block)
     accs = [torch.randn(n, generator=torch.Generator().manual_seed(rank * 10 + t)) for t in range(2)]
     segs = [Segment(0, 700, 40, 0), Segment(700, 301, 20, 1)]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from conftest import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import run_ranks
 from ringps.launch import cluster as cl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def test_the_example_runs_the_readme_snippet_unchanged():
     code = [line for line in readme_snippet().splitlines() if line and not line.startswith("#")]
     example = EXAMPLE.read_text()
     snippet = example[example.index("# --- the README's snippet ---"):example.index("# --- end ---")]
-    assert [line for line in snippet.splitlines()[1:] if line] == code
+    assert [line.split("  # noqa")[0] for line in snippet.splitlines()[1:] if line] == code
 
 
 def chosen(stdout: str) -> str:

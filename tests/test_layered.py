@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from conftest import run_ranks
 from helpers import config
+
 from ringps.cost import CostParams
 from ringps.models import build_model
 from ringps.ps.layout import Layout
@@ -115,7 +115,6 @@ def test_sufficient_factors_reproduce_the_fc_gradient():
 
 def layered_pair(rank, world, steps):
     """Rank 0 serves, rank 1 trains a small facenet with every method in the plan."""
-    from ringps.data.loader import Batch
     from ringps.ps import POLICIES
     from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
     from ringps.ps.layout import flatten_into

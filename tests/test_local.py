@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import run_ranks
 from helpers import batches, config, context
+
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES
 from ringps.train.trainer import build_optimizer

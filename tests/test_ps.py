@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
 from conftest import run_ranks
 from helpers import config
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import run_ranks
 from helpers import config
+
 from ringps.ps import POLICIES, wire
 from ringps.ps.layout import Layout
 from ringps.ps.server import Server

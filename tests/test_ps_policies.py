@@ -10,11 +10,10 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
-
 from helpers import config
+
 from ringps.ps import POLICIES, wire
 from ringps.ps.layout import Layout
-from ringps.ps.policies import VSGD
 from ringps.ps.server import Server
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from conftest import run_ranks
 from helpers import batches, config, context
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from ringps.hooks import RingTopkState, ring_topk_hook
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from conftest import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import run_ranks
 from ringps.compress import DensitySchedule
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold, TopK

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ringps.cli.tables import wide_console
 from rich.table import Table
 
+from ringps.cli.tables import wide_console
 from ringps.config import host_rates, parse_rate
 from ringps.errors import ConfigError
 
@@ -130,7 +130,6 @@ def run_ps(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: must be >= 1")
     from ringps.ps import POLICIES
-
     from ringps.ps.policies import Policy
 
     policy = POLICIES.get(args.policy)  # an unknown name: ConfigError naming the known ones

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from ringps.comm.group import init_from_env
-
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.probe import measure_links

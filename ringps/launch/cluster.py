@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -23,11 +23,10 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-
-from ringps.comm.group import init_from_env
 import yaml
 
 from ringps import trace
+from ringps.comm.group import init_from_env
 from ringps.config import Config, validate
 from ringps.data import load_dataset
 from ringps.data.loader import steps_per_epoch

@@ -19,10 +19,9 @@ import time
 
 import torch
 import torch.distributed as dist
-
-from ringps.comm.group import init_from_env
 import torch.nn as nn
 
+from ringps.comm.group import init_from_env
 from ringps.config import validate
 from ringps.ps import POLICIES
 from ringps.ps.client import Client

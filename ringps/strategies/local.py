@@ -127,7 +127,7 @@ class DiLoCo(Strategy):
         self.optimizer.zero_grad(set_to_none=False)
         loss = loss_of(self.model, batch, self.ctx.device)
         t1 = time.perf_counter()
-        pause = self.ctx.stretch(t1 - t0)
+        self.ctx.stretch(t1 - t0)
         t2 = time.perf_counter()
         loss.backward()
         self.optimizer.step()

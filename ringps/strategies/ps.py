@@ -24,9 +24,9 @@ import torch.nn as nn
 from ringps import trace
 from ringps.comm.probe import broadcast_object, measured_cost_params
 from ringps.cost import contention
+from ringps.errors import ConfigError
 from ringps.ps import POLICIES
 from ringps.ps.client import Client
-from ringps.errors import ConfigError
 from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
 from ringps.ps.layout import Layout, flatten_into, gather
 from ringps.ps.server import Server
