@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import add_out_arg, console, guarded, med, run_matrix, table, verdict, write_report
+from common import add_out_arg, console, contenders_from, guarded, med, run_matrix, table, verdict, write_report
 
 SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}, "unshaped": {},
             "hetero-100mbit": {"net": "100mbit", "slowdown": "1,1,2,4"}}
@@ -27,7 +27,8 @@ HETERO = ["allreduce", "ring-topk", "ps-stale-lr"]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--settings", default=",".join(SETTINGS))
-    p.add_argument("--contenders", default=None, help=f"default: {','.join(PEERS)} ({','.join(HETERO)} for hetero-100mbit)")
+    p.add_argument("--contenders", default=None, help=f"default: {','.join(PEERS)} ({','.join(HETERO)} for "
+                   "hetero-100mbit); NAME+key=value for a variant (diloco+local_period=4)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--target", type=float, default=0.9)
@@ -37,9 +38,9 @@ def main() -> None:
               "target_accuracy": args.target}
     results, out = {}, args.out
     for s in args.settings.split(","):
-        names = args.contenders.split(",") if args.contenders else (HETERO if s == "hetero-100mbit" else PEERS)
-        out, res = run_matrix("ring-topk", {s: SETTINGS[s]}, {c: {"strategy": c} for c in names}, args.repeats, common,
-                              out)
+        spec = args.contenders or ",".join(HETERO if s == "hetero-100mbit" else PEERS)
+        out, res = run_matrix("ring-topk", {s: SETTINGS[s]}, contenders_from(spec, lambda c: {"strategy": c}),
+                              args.repeats, common, out)
         results.update(res)
     lines = [f"ring-topk benchmark: facenet / orl-faces / 4 workers / {args.epochs} epochs / target "
              f"{args.target:.0%} / {args.repeats} repeats (seeds 0..{args.repeats - 1}), medians [min..max]"]

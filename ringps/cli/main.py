@@ -20,6 +20,8 @@ COMMANDS = {
     "compare": "ringps.cli.compare",
     "report": "ringps.cli.report",
     "plan": "ringps.cli.plan",
+    "simulate": "ringps.cli.simulate",
+    "profile": "ringps.cli.profile",
     "bench": "ringps.cli.bench",
     "cluster": "ringps.cli.cluster",
     "list": "ringps.cli.listing",

@@ -28,13 +28,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--net", default="1gbit", help="every link's rate (workers' and servers')")
     p.add_argument("--density", type=float, default=0.01, help="top-k density")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--auto", action="store_true", help="rank every strategy and its key setting by the simulator's "
+                   "predicted time-to-accuracy, and recommend one")
+    p.add_argument("--profile", help="--auto: workload profile (default: the model's shipped one)")
+    p.add_argument("--slowdown", help="--auto: per-worker factors, e.g. 1,1,2,4")
+    p.add_argument("--compute-scale", type=float, default=1.0, help="--auto: the profile's compute x this")
 
 
 def _ms(s: float) -> str:
     return f"{1e3 * s:.1f} ms"
 
 
+def run_auto(args: argparse.Namespace) -> int:
+    from ringps.sim.auto import rank, reasons
+    from ringps.sim.cluster import load_cluster
+    from ringps.sim.predict import load_progress
+    from ringps.sim.workload import load_workload
+
+    w = load_workload(args.profile or args.model)
+    c = load_cluster(None, {"workers": args.workers, "net": args.net, "servers": args.servers, "slowdown": args.slowdown,
+                            "compute_scale": args.compute_scale})
+    choices = rank(w, c, load_progress(None))
+    t = Table("rank", "strategy (setting)", "time-to-accuracy", "step", "utilization", "MB/step", "staleness / drops")
+    for i, ch in enumerate(choices):
+        p = ch.prediction
+        hist = p.extra.get("staleness_histogram")
+        t.add_row(str(i + 1), ch.label(), f"{ch.tta:.0f} s" if ch.tta != float("inf") else "-", f"{p.step_s:.3f} s",
+                  f"{p.utilization:.0%}", f"{p.bytes_per_step / 1e6:.1f}",
+                  f"mean {p.extra['mean_staleness']:.1f}, {p.extra['drop_fraction']:.0%} dropped" if hist else "")
+    console = wide_console()
+    console.print(f"{w.name} on {c.workers} workers, {c.net} links" + (f", slowdown {c.slowdown}" if c.slowdown else ""))
+    console.print(t)
+    console.print("recommended: " + reasons(choices))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.auto:
+        return run_auto(args)
     import torch
 
     from ringps.cost import CostParams, calibrate_cpu, contention, cores

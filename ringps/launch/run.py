@@ -65,9 +65,43 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "RINGPS_LAUNCHED" not in os.environ
 
 
+def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
+    """--strategy auto: the simulator's pick for this job (ringps/sim/auto.py), as a new config,
+    and the ranking that chose it (written to the run folder as auto-plan.json)."""
+    if cfg.strategy.strategy != "auto":
+        return cfg, None
+    from ringps.config import validate
+    from ringps.cost import contention
+    from ringps.sim.auto import rank, reasons
+    from ringps.sim.cluster import ClusterSpec
+    from ringps.sim.predict import load_progress
+    from ringps.sim.workload import load_workload
+
+    prog = load_progress(None)
+    w = load_workload(cfg.model.model)
+    servers = cfg.run.servers
+    scale = (prog.compute_a or 1.0) * contention(cfg.run.workers + servers, cfg.run.threads)
+    c = ClusterSpec(workers=cfg.run.workers, net=(cfg.run.net or "10gbit").split(",")[0], slowdown=cfg.run.slowdown,
+                    servers=servers, compute_scale=scale, efficiency=prog.efficiency or 0.95)
+    choices = rank(w, c, prog)
+    best = choices[0]
+    flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
+    flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})
+    plan = {"chosen": best.label(), "reasons": reasons(choices), "cluster": c.model_dump(),
+            "ranking": [{"strategy": ch.label(), "time_to_accuracy_s": ch.prediction.extra.get("time_to_accuracy_s"),
+                         "step_s": ch.prediction.step_s} for ch in choices]}
+    return validate(flat), plan
+
+
 def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str] = None) -> dict[str, Any]:
+    cfg, auto_plan = resolve_auto(cfg)
     check(cfg)
     run_dir = create_run_dir(cfg)
+    if auto_plan is not None:
+        import json
+
+        (run_dir / "auto-plan.json").write_text(json.dumps(auto_plan, indent=1))
+        (console or Console(stderr=True)).print(f"--strategy auto chose {auto_plan['reasons']}")
     console = console or Console(stderr=True)
     with placement(cfg, run_dir.name) as where:
         job = Job(cfg, run_dir, where)

@@ -1,0 +1,168 @@
+"""Benchmark: the simulator against this machine's emulated cluster, and beyond it.
+
+1. Validation grid (short runs, cached in --out): facenet on ORL, workers 2 and 4, links
+   100 Mbit/s and 1 Gbit/s (tc-shaped hosts), slowdown equal (and 1,1,2,4 at 4 workers),
+   strategies allreduce, fp16, powersgd, ring-topk, ps-async, ps-threshold. The simulator is
+   calibrated on the 2-worker cells (compute scale, link efficiency) and validated on the
+   4-worker cells: per cell the step-time error; the share within 15%, the median error, and
+   Kendall's tau of the strategies' order by step time per setting.
+2. Extrapolation: efficiency against N (up to 1,024) per strategy at 1, 10 and 100 Gbit/s for
+   the facenet and ResNet-50 (K80) profiles, as a table and scaling.png.
+3. Published results: predicted against published scaling efficiency, side by side.
+
+    .venv/bin/python benchmarks/simulator.py --out runs/bench-sim          # grid + all
+    .venv/bin/python benchmarks/simulator.py --skip-grid --out runs/bench-sim
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from common import add_out_arg, console, guarded, run_matrix
+from rich.table import Table
+
+from ringps.sim.calibrate import cluster_for, fit_compute, fit_efficiency, read_run
+from ringps.sim.cluster import ClusterSpec
+from ringps.sim.engine import Options
+from ringps.sim.predict import Progress, simulate
+from ringps.sim.workload import load_workload
+
+STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-async", "ps-threshold"]
+PUBLISHED = [  # (label, profile, cluster, strategy, published efficiency, source)
+    ("ResNet-101, 512 P100 (128 x 4), 25 Gbit/s RoCE", "resnet101-p100",
+     {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.90,
+     "Horovod docs/benchmarks (Sergeev & Del Balso 2018): 90% scaling efficiency"),
+    ("VGG-16, 512 P100 (128 x 4), 25 Gbit/s RoCE", "vgg16-p100",
+     {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.68,
+     "Horovod docs/benchmarks: 68% scaling efficiency"),
+    ("ResNet-50, 64 K80 (8 x p2.8xlarge), 10 Gbit/s, parameter servers", "resnet50-k80",
+     {"workers": 64, "net": "10gbit", "node_size": 8, "intra_net": "64gbit", "servers": 8}, "ps-sync",
+     2744 / (64 * 52.4), "TensorFlow benchmarks, EC2 distributed K80: 2744 img/s on 64 GPUs vs 52.4 on 1"),
+]
+
+
+def kendall(a: list[float], b: list[float]) -> float:
+    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
+    s = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) - sum((a[i] - a[j]) * (b[i] - b[j]) < 0 for i, j in pairs)
+    return s / len(pairs) if pairs else 1.0
+
+
+def grid(args) -> list[Path]:
+    settings = {}
+    for n in (2, 4):
+        for net in ("100mbit", "1gbit"):
+            settings[f"w{n}-{net}"] = {"workers": n, "net": net}
+            if n == 4:
+                settings[f"w{n}-{net}-slow"] = {"workers": n, "net": net, "slowdown": "1,1,2,4"}
+    common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000}
+    out, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, 1, common, args.out)
+    return [Path(r["run_dir"]) for runs in results.values() for rs in runs.values() for r in rs]
+
+
+def validate(runs: list[Path], w) -> list[str]:
+    measured = [read_run(r) for r in runs]
+    calib = [m for m in measured if m.workers == 2]
+    test = [m for m in measured if m.workers != 2]
+    a = fit_compute(calib, w.compute_s)
+    eff = fit_efficiency(calib, w, a)
+    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {a:.3f} x profile x contention, link efficiency "
+             f"{eff:.3f}; validated on {len(test)} cells with 3-4 workers"]
+    t = Table("cell", "strategy", "measured step s", "predicted", "error", title="validation (not used to calibrate)")
+    errs, by_setting = [], {}
+    for m in test:
+        p = simulate(m.strategy, w, cluster_for(m, a, eff), Options(), Progress(), steps=20)
+        err = (p.step_s - m.step_s) / m.step_s
+        errs.append(abs(err))
+        key = m.run.parent.name
+        by_setting.setdefault(key, []).append((m.step_s, p.step_s))
+        t.add_row(key, m.strategy, f"{m.step_s:.3f}", f"{p.step_s:.3f}", f"{err:+.0%}")
+    console.print(t)
+    within = sum(e <= 0.15 for e in errs) / len(errs)
+    lines.append(f"step time within 15% in {within:.0%} of {len(errs)} cells (bar 90%); median error "
+                 f"{statistics.median(errs):.1%} (bar 10%)")
+    for key, pairs in sorted(by_setting.items()):
+        tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
+        lines.append(f"{key}: Kendall tau of the strategies' order by step time {tau:.2f} (bar 0.8)")
+    return lines
+
+
+def scaling(out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = []
+    ns = [1, 4, 16, 64, 256, 1024]
+    strategies = ["allreduce", "fp16", "powersgd", "ring-topk", "localsgd", "ps-async"]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharey=True)
+    for row, profile in enumerate(("facenet", "resnet50-k80")):
+        w = load_workload(profile)
+        for col, net in enumerate(("1gbit", "10gbit", "100gbit")):
+            ax = axes[row][col]
+            t = Table("strategy", *[str(n) for n in ns], title=f"{profile}, {net}: efficiency (1-worker step / step)")
+            for s in strategies:
+                effs = []
+                for n in ns:
+                    c = ClusterSpec(workers=n, net=net, servers=max(1, n // 8))
+                    t0 = time.perf_counter()
+                    p = simulate(s, w, c, Options(), Progress(), steps=6)
+                    effs.append(w.compute_s / p.step_s)
+                    if n == 1024 and time.perf_counter() - t0 > 60:
+                        lines.append(f"{profile}/{net}/{s} at 1,024 workers took {time.perf_counter() - t0:.0f}s (bar 60s)")
+                t.add_row(s, *[f"{e:.0%}" for e in effs])
+                ax.plot(ns, effs, marker=".", label=s)
+            console.print(t)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{profile} at {net}")
+            ax.set_xlabel("workers")
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("scaling efficiency")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "scaling.png", dpi=100)
+    lines.append(f"scaling curves: {out / 'scaling.png'}")
+    return lines
+
+
+def published() -> list[str]:
+    lines = []
+    t = Table("result", "strategy", "published efficiency", "predicted", "gap", "source")
+    for label, profile, cluster, strategy, pub, source in PUBLISHED:
+        w = load_workload(profile)
+        one = simulate("allreduce", w, ClusterSpec(workers=1, net=cluster["net"]), Options(), Progress(), steps=4).step_s
+        p = simulate(strategy, w, ClusterSpec(**cluster), Options(), Progress(), steps=6)
+        eff = one / p.step_s
+        gap = (eff - pub) / pub
+        t.add_row(label, strategy, f"{pub:.0%}", f"{eff:.0%}", f"{gap:+.0%}", source)
+        lines.append(f"published: {label}: {pub:.1%} published, {eff:.1%} predicted ({gap:+.0%}; bar: within 20%)")
+    console.print(t)
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=12, help="steps per grid run")
+    p.add_argument("--skip-grid", action="store_true")
+    add_out_arg(p)
+    args = p.parse_args()
+    out = args.out or Path("runs") / "bench-sim"
+    out.mkdir(parents=True, exist_ok=True)
+    args.out = out
+    lines = []
+    if not args.skip_grid:
+        lines += validate(grid(args), load_workload("facenet"))
+    lines += scaling(out) + published()
+    for line in lines:
+        console.print(line)
+    (out / "report.txt").write_text("\n".join(lines) + "\n")
+    (out / "report.json").write_text(json.dumps(lines, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))

@@ -1,0 +1,45 @@
+"""`ringps profile`: measure a model's per-layer profile here and save it for `ringps simulate`.
+
+    ringps profile --model facenet --out facenet.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ringps.config import validate
+
+HELP = "measure a model's per-layer step profile (YAML for ringps simulate)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="facenet")
+    p.add_argument("--dataset", default="orl-faces")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps-to-target", type=float, help="dense synchronous steps to the target accuracy, if known")
+    p.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    from ringps.data import load_dataset
+    from ringps.data.loader import ShardedLoader
+    from ringps.models import build_model
+    from ringps.schedule.profile import profile_model
+    from ringps.sim.workload import from_profile
+
+    cfg = validate({"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size})
+    torch.set_num_threads(1)
+    data = load_dataset(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(args.model, data.shape, data.num_classes)
+    batch = next(iter(ShardedLoader(data.train, 0, 1, args.batch_size, 0).epoch(0)))
+    prof = profile_model(model, batch.inputs, batch.targets, reps=5)
+    w = from_profile(prof, f"{args.model} on {args.dataset}", f"{platform.processor() or platform.machine()}, 1 thread",
+                     args.steps_to_target)
+    w.save(args.out)
+    print(f"{args.out}: {len(w.layers)} layers, {w.params / 1e6:.2f} M parameters, {w.compute_s * 1e3:.1f} ms per step")
+    return 0

@@ -1,0 +1,108 @@
+"""`ringps simulate`: predict every strategy on a cluster you describe, from a workload profile.
+
+    ringps simulate --profile facenet --workers 64 --net 10gbit --strategy allreduce,ring-topk,ps-threshold
+    ringps simulate --profile resnet50-k80 --cluster my-cluster.yaml --strategy all --json
+    ringps simulate --calibrate runs/a runs/b --out calibration.yaml
+
+Per strategy: step time, utilization, exposed communication and bytes per step, for parameter
+servers the staleness histogram, drop fraction and server-link occupancy, and time-to-accuracy
+from the progress model (ringps/sim/predict.py; `--progress FILE` for your own measurements).
+Cluster keys are flags and YAML keys alike: workers, net, latency_s, node_size, intra_net,
+slowdown, jitter, servers, server_net, efficiency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from ringps.cli.tables import wide_console
+from ringps.errors import ConfigError
+
+HELP = "predict step time and time-to-accuracy of every strategy on a cluster (discrete events + alpha-beta)"
+CLUSTER_KEYS = ("workers", "net", "latency_s", "node_size", "intra_net", "slowdown", "jitter", "servers", "server_net",
+                "efficiency", "compute_scale")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="facenet", help="workload profile: a YAML file or a shipped name")
+    p.add_argument("--cluster", help="cluster YAML (flags override its keys)")
+    p.add_argument("--workers", type=int)
+    p.add_argument("--net", help="each host's link rate, e.g. 10gbit")
+    p.add_argument("--latency-s", type=float)
+    p.add_argument("--node-size", type=int, help="workers per node (with --intra-net)")
+    p.add_argument("--intra-net", help="link rate inside a node")
+    p.add_argument("--slowdown", help="per-worker factors, e.g. 1,1,2,4 (repeated over the workers)")
+    p.add_argument("--jitter", type=float, help="lognormal sigma of each step's compute")
+    p.add_argument("--servers", type=int)
+    p.add_argument("--server-net")
+    p.add_argument("--efficiency", type=float, help="payload per configured link bit (calibrated: --calibrate)")
+    p.add_argument("--compute-scale", type=float, help="the profile's compute x this (another device, contention)")
+    p.add_argument("--strategy", default="all", help="comma-separated, or all")
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--powersgd-rank", type=int, default=4)
+    p.add_argument("--local-period", type=int, default=8)
+    p.add_argument("--staleness-threshold", type=int)
+    p.add_argument("--steps", type=int, default=30, help="steps (pushes per worker) simulated")
+    p.add_argument("--progress", help="progress model YAML (default: the one calibrated here)")
+    p.add_argument("--trace", metavar="DIR", help="write the predicted timelines (trace/sim-rank-R.json) there")
+    p.add_argument("--json", action="store_true", help="one JSON object per strategy, for scripts")
+    p.add_argument("--calibrate", nargs="+", metavar="RUN", help="fit link efficiency, CPU and progress from run folders")
+    p.add_argument("--out", help="--calibrate: where to write the fitted progress model (YAML)")
+
+
+def options(args: argparse.Namespace):
+    from ringps.sim.engine import Options
+
+    return Options(density=args.density, powersgd_rank=args.powersgd_rank, local_period=args.local_period,
+                   staleness_threshold=args.staleness_threshold)
+
+
+def strategies(spec: str) -> list[str]:
+    from ringps.sim.engine import STRATEGIES
+
+    names = list(STRATEGIES) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [s for s in names if s not in STRATEGIES]
+    if bad:
+        raise ConfigError(f"--strategy {bad[0]}: the simulator knows {', '.join(STRATEGIES)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from ringps.sim.cluster import load_cluster
+    from ringps.sim.predict import load_progress, simulate
+    from ringps.sim.workload import load_workload
+
+    if args.calibrate:
+        from ringps.sim.calibrate import calibrate
+
+        return calibrate([Path(r) for r in args.calibrate], args.out, wide_console())
+    w = load_workload(args.profile)
+    c = load_cluster(args.cluster, {k: getattr(args, k) for k in CLUSTER_KEYS})
+    prog, o = load_progress(args.progress), options(args)
+    preds = [simulate(s, w, c, o, prog, steps=args.steps, trace_dir=Path(args.trace) / s if args.trace else None)
+             for s in strategies(args.strategy)]
+    if args.json:
+        for p in preds:
+            print(json.dumps(p.as_dict()))
+        return 0
+    console = wide_console()
+    console.print(f"{w.name} ({w.params / 1e6:.1f} M parameters, {w.compute_s * 1e3:.0f} ms per step on {w.device or '?'}) "
+                  f"on {c.workers} workers, {c.net} links" + (f", nodes of {c.node_size} ({c.intra_net})" if c.node_size > 1 else "")
+                  + (f", slowdown {c.slowdown}" if c.slowdown else "") + (f", jitter {c.jitter}" if c.jitter else ""))
+    t = Table("strategy", "step", "utilization", "exposed/step", "MB/step", "time-to-accuracy", "staleness (ps)", "drops",
+              "server link")
+    for p in sorted(preds, key=lambda p: p.extra.get("time_to_accuracy_s") or float("inf")):
+        tta = p.extra.get("time_to_accuracy_s")
+        hist = p.extra.get("staleness_histogram")
+        t.add_row(p.strategy, f"{p.step_s * 1e3:.1f} ms", f"{p.utilization:.0%}", f"{p.exposed_s * 1e3:.1f} ms",
+                  f"{p.bytes_per_step / 1e6:.2f}", f"{tta:.0f} s" if tta else "-",
+                  f"mean {p.extra['mean_staleness']:.1f}, max {max(hist)}" if hist else "",
+                  f"{p.extra['drop_fraction']:.0%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
+    console.print(t)
+    console.print(f"time-to-accuracy: {prog.source or 'progress model'}; steps to target from "
+                  f"{'the progress file' if prog.dense_steps else 'the profile'}")
+    return 0

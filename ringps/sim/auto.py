@@ -1,0 +1,68 @@
+"""Choosing a strategy for the user: every strategy and its key setting, ranked by the simulator's
+predicted time-to-accuracy (`ringps plan --auto`, `ringps train --strategy auto`).
+
+The progress factors were measured at each strategy's default setting; a variant (another density,
+rank, period or threshold) is priced with its strategy's factor, a stated assumption.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from ringps.sim.cluster import ClusterSpec
+from ringps.sim.engine import Options, Prediction
+from ringps.sim.predict import Progress, simulate
+from ringps.sim.workload import Workload
+
+CANDIDATES: list[tuple[str, dict[str, Any]]] = [
+    ("allreduce", {}), ("fp16", {}),
+    *[("powersgd", {"powersgd_rank": r}) for r in (2, 4, 8)],
+    *[("ring-topk", {"density": d}) for d in (0.01, 0.001)],
+    ("topk-allgather", {"density": 0.01}),
+    *[("localsgd", {"local_period": h}) for h in (4, 8, 16)],
+    *[("diloco", {"local_period": h}) for h in (8, 16)],
+    ("ps-async", {}), ("ps-stale-lr", {}), ("ps-vsgd", {}),
+    *[("ps-threshold", {"staleness_threshold": t}) for t in (None, 2)],
+]
+
+
+@dataclass
+class Choice:
+    strategy: str
+    settings: dict[str, Any]
+    prediction: Prediction
+
+    @property
+    def tta(self) -> float:
+        t = self.prediction.extra.get("time_to_accuracy_s")
+        return math.inf if t is None else t
+
+    def label(self) -> str:
+        s = ", ".join(f"{k}={v}" for k, v in self.settings.items() if v is not None)
+        return f"{self.strategy} ({s})" if s else self.strategy
+
+
+def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Optional[Options] = None) -> list[Choice]:
+    base = base or Options()
+    out = []
+    for strategy, settings in CANDIDATES:
+        if strategy.startswith("ps-") and c.workers < 2:
+            continue
+        o = replace(base, **settings)
+        out.append(Choice(strategy, settings, simulate(strategy, w, c, o, prog, steps=steps)))
+    return sorted(out, key=lambda ch: (ch.tta, ch.prediction.step_s))
+
+
+def reasons(choices: list[Choice]) -> str:
+    best, runner = choices[0], (choices[1] if len(choices) > 1 else None)
+    p = best.prediction
+    why = (f"{best.label()}: predicted time-to-accuracy {best.tta:.0f} s (step {p.step_s:.3f} s, {p.utilization:.0%} "
+           f"utilization, {p.bytes_per_step / 1e6:.1f} MB sent per step)")
+    if runner is not None and math.isfinite(runner.tta):
+        why += f"; next: {runner.label()} at {runner.tta:.0f} s ({runner.tta / best.tta:.2f}x)"
+    dense = next((c for c in choices if c.strategy == "allreduce"), None)
+    if dense is not None and math.isfinite(dense.tta) and dense is not best:
+        why += f"; DDP all-reduce: {dense.tta:.0f} s ({dense.tta / best.tta:.2f}x)"
+    return why

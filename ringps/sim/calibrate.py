@@ -1,0 +1,139 @@
+"""Fit the simulator to measured runs (`ringps simulate --calibrate RUN... --out FILE`).
+
+From each run folder (config.yaml, summary.json, metrics.jsonl) it takes the strategy, workers,
+links, slowdown, the median compute and step time per step and the steps to the target, and fits:
+- `compute_scale`: the profile's compute x scale = measured compute, per process-per-core
+  contention (scale = a x contention(processes), one `a` for all runs);
+- `efficiency`: payload per configured link bit, the one value that makes the dense runs'
+  predicted step times match on shaped links (a 1-D search, median over runs);
+- progress: each strategy's steps to the target against allreduce's in the same setting and seed
+  (`factor`), and `staleness_a` of asynchronous pushes (a 1-D search on the ps-* runs).
+It prints how well the fit holds: predicted against measured step time, run by run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from ringps.cost import contention
+from ringps.errors import ConfigError
+
+
+@dataclass
+class Measured:
+    run: Path
+    strategy: str
+    workers: int
+    servers: int
+    net: Optional[str]
+    slowdown: Optional[list]
+    compute_s: float  # median per step, the fastest worker
+    step_s: float  # median wall per step
+    steps_to_target: Optional[int]
+    time_to_accuracy_s: Optional[float]
+    seed: int
+    model: str
+    extra: dict
+
+
+def read_run(run: Path) -> Measured:
+    try:
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        s = json.loads((run / "summary.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{run}: not a finished run folder (config.yaml, summary.json)") from None
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    slow = cfg["run"].get("slowdown")
+    fastest = min(range(cfg["run"]["workers"]), key=lambda w: (slow or [1] * 256)[w])
+    comp = [r["compute_s"] for r in steps if r["worker"] == fastest]
+    target = cfg["train"].get("target_accuracy")
+    reached = next((r["step"] for r in rows if r["kind"] == "eval" and target and r["accuracy"] >= target), None)
+    return Measured(run, cfg["strategy"]["strategy"], cfg["run"]["workers"], cfg["run"]["servers"], cfg["run"].get("net"),
+                    slow, statistics.median(comp) if comp else 0.0, s.get("step_s_median") or 0.0, reached,
+                    s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
+                    {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
+                     "pushes_dropped": s.get("pushes_dropped")})
+
+
+def processes(m: Measured) -> int:
+    return m.workers + (m.servers if m.strategy.startswith("ps-") else 0)
+
+
+def fit_compute(runs: list[Measured], profile_s: float) -> float:
+    """`a` in compute_scale = a x contention(processes)."""
+    return statistics.median(m.compute_s / (profile_s * contention(processes(m))) for m in runs if m.compute_s)
+
+
+def cluster_for(m: Measured, a: float, efficiency: float):
+    from ringps.sim.cluster import ClusterSpec
+
+    return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
+                       compute_scale=a * contention(processes(m)), efficiency=efficiency, latency_s=2e-4)
+
+
+def predict_step(m: Measured, w, a: float, efficiency: float) -> float:
+    from ringps.sim.engine import Options
+    from ringps.sim.predict import Progress, simulate
+
+    return simulate(m.strategy, w, cluster_for(m, a, efficiency), Options(), Progress(), steps=12).step_s
+
+
+def fit_efficiency(runs: list[Measured], w, a: float) -> float:
+    fits = []
+    for m in runs:
+        if m.strategy not in ("allreduce", "fp16") or not m.net:
+            continue
+        lo, hi = 0.05, 1.0
+        for _ in range(12):  # predicted step falls as efficiency rises
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if predict_step(m, w, a, mid) > m.step_s else (lo, mid)
+        fits.append((lo + hi) / 2)
+    return statistics.median(fits) if fits else 0.95
+
+
+def fit_progress(runs: list[Measured]) -> dict[str, float]:
+    ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
+    ratios: dict[str, list[float]] = {}
+    for m in runs:
+        base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
+        if base and m.steps_to_target and not m.strategy.startswith("ps-"):
+            ratios.setdefault(m.strategy, []).append(base / m.steps_to_target)
+    return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
+
+
+def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
+    from ringps.sim.workload import load_workload
+
+    runs = [read_run(r) for r in run_dirs]
+    models = {m.model for m in runs}
+    if len(models) != 1:
+        raise ConfigError(f"--calibrate: runs of one model at a time (got {', '.join(sorted(models))})")
+    w = load_workload(models.pop())
+    a = fit_compute(runs, w.compute_s)
+    eff = fit_efficiency(runs, w, a)
+    factor = fit_progress(runs)
+    dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
+    console.print(f"compute: measured = {a:.3f} x profile x contention(processes per core); links: efficiency {eff:.3f}")
+    errors = []
+    for m in runs:
+        p = predict_step(m, w, a, eff)
+        err = (p - m.step_s) / m.step_s if m.step_s else math.nan
+        errors.append(abs(err))
+        console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
+                      f"measured, {p:.3f}s predicted ({err:+.0%})")
+    console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}")
+    doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
+           "workers_ref": runs[0].workers, "dense_steps": statistics.median(dense) if dense else None,
+           "factor": factor, "staleness_a": 0.1, "compute_a": round(a, 4), "efficiency": round(eff, 4)}
+    if out:
+        Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
+        console.print(f"written: {out}")
+    return 0

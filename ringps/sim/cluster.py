@@ -1,0 +1,94 @@
+"""The cluster a simulation runs on: given as flags of `ringps simulate` or a YAML file with the
+same keys, validated like every other config.
+
+    workers: 64
+    net: 10gbit               # each host's link, both directions
+    latency_s: 2.0e-5         # per message
+    node_size: 8              # optional: nodes of G workers ...
+    intra_net: 100gbit        # ... joined by a faster link inside the node
+    slowdown: [1, 1, 2, 4]    # per worker (repeats to cover N), or:
+    jitter: 0.1               # lognormal sigma of every step's compute
+    servers: 4                # parameter-server strategies
+    server_net: 10gbit        # default: net
+    efficiency: 0.95          # payload per configured link bit (--calibrate fits it)
+    compute_scale: 1.0        # the profile's compute x this (another device; CPU contention)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ringps.config import parse_rate
+from ringps.errors import ConfigError
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    workers: int = Field(4, ge=1, le=1 << 20)
+    net: str = "1gbit"
+    latency_s: float = Field(5e-5, ge=0)
+    node_size: int = Field(1, ge=1)
+    intra_net: Optional[str] = None
+    slowdown: Optional[list[float]] = None
+    jitter: float = Field(0.0, ge=0, le=2)
+    servers: int = Field(1, ge=1)
+    server_net: Optional[str] = None
+    efficiency: float = Field(0.95, gt=0, le=1)  # payload per configured link bit (calibrated)
+    compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device, CPU contention)
+
+    @field_validator("net", "intra_net", "server_net")
+    @classmethod
+    def _rate(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            parse_rate(v)
+        return v
+
+    @field_validator("slowdown", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return [float(x) for x in v.split(",")] if isinstance(v, str) else v
+
+    @field_validator("slowdown")
+    @classmethod
+    def _factors(cls, v: Optional[list[float]]) -> Optional[list[float]]:
+        if v is not None and (not v or any(f < 1 for f in v)):
+            raise ValueError("every factor must be >= 1")
+        return v
+
+    # -- in the units the model computes in ----------------------------------------------------
+    @property
+    def bw(self) -> float:
+        """Bytes per second per direction of a worker's link (payload)."""
+        return parse_rate(self.net) / 8 * self.efficiency
+
+    @property
+    def intra_bw(self) -> float:
+        return parse_rate(self.intra_net) / 8 * self.efficiency if self.intra_net else self.bw
+
+    @property
+    def server_bw(self) -> float:
+        return parse_rate(self.server_net) / 8 * self.efficiency if self.server_net else self.bw
+
+    def slowdowns(self) -> list[float]:
+        s = self.slowdown or [1.0]
+        return [s[i % len(s)] for i in range(self.workers)]
+
+
+def load_cluster(path: Optional[str], overrides: dict[str, Any]) -> ClusterSpec:
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--cluster {path}: no such file")
+        data = yaml.safe_load(p.read_text()) or {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "cluster"
+        raise ConfigError(f"{key} {err.get('input')}: {str(err['msg']).removeprefix('Value error, ')}") from None

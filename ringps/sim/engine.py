@@ -1,0 +1,158 @@
+"""The simulator's engine: one strategy on one cluster, step by step, as discrete events (SimPy).
+
+Synchronous strategies (allreduce, fp16, powersgd, ring-topk, topk-allgather, localsgd, diloco):
+every worker computes its step (the profile's time x its slowdown x lognormal jitter); each DDP
+bucket's gradients are ready when the layers in it are done in the backward pass (readiness
+order); a bucket's collective starts once every worker has it and the previous one is done, and
+takes its closed-form time (collectives.py); the step ends when the slowest worker's compute
+and the last collective are both done. Local SGD and DiLoCo average the model every H steps.
+
+Parameter servers (ps-*): workers compute and push to every server's shard; each server's link
+and its update lock are SimPy resources, so pushes queue there; the judge counts versions, so
+staleness, drops (threshold), the SSP bound and BSP's barrier come out of the events.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import simpy
+
+from ringps.cost import CostParams, choose_exchange, exchange_cost
+from ringps.sim.cluster import ClusterSpec
+from ringps.sim.collectives import allgather_s, allreduce_s
+from ringps.sim.workload import Workload
+
+SYNC = ("allreduce", "fp16", "powersgd", "ring-topk", "topk-allgather", "localsgd", "diloco")
+PS = ("ps-sync", "ps-async", "ps-threshold", "ps-ssp", "ps-stale-lr", "ps-dcasgd", "ps-vsgd")
+STRATEGIES = SYNC + PS
+
+
+@dataclass
+class Options:
+    """The strategy settings a prediction depends on (the same names as `ringps train`'s)."""
+
+    density: float = 0.01
+    powersgd_rank: int = 4
+    local_period: int = 8
+    staleness_threshold: Optional[int] = None
+    bucket_cap_mb: float = 25.0
+    dense_below: int = 1 << 17
+    sparse_progress: float = 0.57
+    value_bytes: int = 4
+    cpu: CostParams = field(default_factory=CostParams)  # the device's CPU constants (selection etc.)
+
+
+@dataclass
+class Prediction:
+    strategy: str
+    workers: int
+    step_s: float  # mean wall time of a step (async: of a worker's push cycle)
+    compute_s: float  # mean compute per worker step
+    exposed_s: float  # step less compute, per worker (communication and waiting it could not hide)
+    bytes_per_step: float  # sent per worker per step
+    utilization: float
+    extra: dict[str, Any] = field(default_factory=dict)  # ps: staleness histogram, drops, link occupancy
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "workers": self.workers, "step_s": self.step_s, "compute_s": self.compute_s,
+                "exposed_s": self.exposed_s, "utilization": self.utilization, "bytes_per_step": self.bytes_per_step,
+                **self.extra}
+
+
+# -- what each synchronous strategy sends per bucket ---------------------------------------------------
+@dataclass
+class Bucket:
+    ready: float  # seconds into the backward pass when its gradients are all ready (profile's device)
+    params: int
+    sizes: list[int]
+
+
+def buckets(w: Workload, cap_bytes: float) -> list[Bucket]:
+    """DDP's buckets: layers in reverse order, grouped up to the cap (the first at 1 MB)."""
+    out: list[Bucket] = []
+    t, cur, cap = 0.0, None, min(cap_bytes, 1 << 20)
+    for layer in reversed(w.layers):
+        t += layer.backward_s
+        if cur is None or cur.params * 4 >= cap:
+            if cur is not None:
+                out.append(cur)
+                cap = cap_bytes
+            cur = Bucket(t, 0, [])
+        cur.params += layer.params
+        cur.sizes.append(layer.params)
+        cur.ready = t
+    if cur is not None:
+        out.append(cur)
+    return out
+
+
+def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float) -> tuple[float, float]:
+    """(seconds, bytes sent per worker) of one bucket's exchange."""
+    n = c.workers
+    if strategy in ("allreduce", "fp16"):
+        nbytes = b.params * (2 if strategy == "fp16" else 4)
+        return allreduce_s(nbytes, c), 2 * (n - 1) / n * nbytes
+    if strategy == "powersgd":  # P and Q of rank r per matrix, two all-reduces; small tensors dense
+        r = o.powersgd_rank
+        floats = sum(r * 2 * math.isqrt(p) if p >= o.dense_below else p for p in b.sizes)
+        nbytes = floats * 4
+        return 2 * allreduce_s(nbytes / 2, c), 2 * (n - 1) / n * nbytes
+    large = sum(p for p in b.sizes if p >= o.dense_below)
+    small = b.params - large
+    t_small = allreduce_s(small * 4, c)
+    k = max(1, int(o.density * large)) if large else 0
+    p = CostParams(**{**o.cpu.__dict__, "bandwidth": c.bw, "latency": c.latency_s})
+    if not large:
+        return t_small, 2 * (n - 1) / n * small * 4
+    if strategy == "topk-allgather":
+        cpu = exchange_cost("allgather", large, k, n, p).cpu_s
+        return allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + small * 4
+    name, _ = choose_exchange(large, k, n, p, overlap, progress=o.sparse_progress, value_bytes=o.value_bytes)
+    cost = exchange_cost(name, large, k, n, p, value_bytes=o.value_bytes)
+    wire = allreduce_s(large * 4, c) if name == "dense" else cost.wire_s
+    return wire + cost.cpu_s + t_small, cost.bytes_sent + small * 4
+
+
+def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int, seed: int) -> Prediction:
+    env, rng = simpy.Environment(), random.Random(seed)
+    slow = c.slowdowns()
+    plan = buckets(w, o.bucket_cap_mb * (1 << 20))
+    bwd, fwd = w.backward_s, w.compute_s - w.backward_s
+    local = strategy in ("localsgd", "diloco")
+    comm = [(0.0, 0.0)] * len(plan) if local else [bucket_comm(strategy, b, c, o, bwd - b.ready) for b in plan]
+    period_s = allreduce_s(w.params * 4, c) if local else 0.0
+    sent_per_step = (2 * (c.workers - 1) / c.workers * w.params * 4 / o.local_period if local
+                     else sum(x for _, x in comm))
+    ends, computes = [], []
+
+    def step(k: int):
+        # each worker's compute: its slowdown and this step's jitter; bucket b is ready on worker i
+        # at fwd_i + ready_b * scale_i
+        scales = [s * (rng.lognormvariate(0, c.jitter) if c.jitter else 1.0) for s in slow]
+        worst = max(scales)
+        computes.append(sum(w.compute_s * x for x in scales) / len(scales))
+        t0 = env.now
+        busy = t0
+        for b, (secs, _) in zip(plan, comm):  # every worker's bucket b: the slowest worker's
+            start = max(busy, t0 + (fwd + b.ready) * worst)
+            busy = start + secs
+        end = max(busy, t0 + w.compute_s * worst)
+        if local:  # the model average every H steps, spread over them (the mean step over a period)
+            end += period_s / o.local_period
+        yield env.timeout(end - t0)
+        ends.append(env.now - t0)
+
+    def run():
+        for k in range(steps):
+            yield env.process(step(k))
+
+    env.process(run())
+    env.run()
+    step_s, compute = statistics.mean(ends), statistics.mean(computes)
+    return Prediction(strategy, c.workers, step_s, compute, step_s - compute, sent_per_step, compute / step_s,
+                      {"buckets": len(plan)})

@@ -1,0 +1,84 @@
+"""From a step-time prediction to time-to-accuracy, and one call for a whole prediction.
+
+The progress model (stated, calibrated from runs, open to the user's own: `--progress FILE`):
+- a dense synchronous run needs `dense_steps` steps to the target at `workers_ref` workers;
+  samples to the target are taken as constant (the linear-scaling regime), so at N workers it
+  needs dense_steps x workers_ref / N steps;
+- a strategy's step makes `factor[strategy]` of a dense step's progress (sparse updates, low-rank,
+  local steps between averages: measured as the ratio of steps to the target);
+- an asynchronous push is one worker's batch, worth 1 / N of a dense step, times
+  1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from ringps.errors import ConfigError
+from ringps.sim import trace_out
+from ringps.sim.cluster import ClusterSpec
+from ringps.sim.engine import PS, Options, Prediction, run_sync
+from ringps.sim.ps import run_ps
+from ringps.sim.workload import PROFILES, Workload
+
+
+class Progress(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: str = ""
+    workers_ref: int = Field(4, ge=1)
+    dense_steps: Optional[float] = Field(None, gt=0)  # None: the workload's steps_to_target
+    factor: dict[str, float] = {}
+    staleness_a: float = Field(0.1, ge=0)
+    compute_a: Optional[float] = None  # calibration: measured compute = a x profile x contention (informational)
+    efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
+
+    def steps_factor(self, strategy: str) -> float:
+        return self.factor.get(strategy, 1.0)
+
+
+def load_progress(path: Optional[str]) -> Progress:
+    p = Path(path) if path else PROFILES / "progress.yaml"
+    if not p.is_file():
+        raise ConfigError(f"--progress {path}: no such file")
+    return Progress.model_validate(yaml.safe_load(p.read_text()))
+
+
+def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[float]:
+    dense = prog.dense_steps or w.steps_to_target
+    if dense is None:
+        return None
+    n = pred.workers
+    if pred.strategy in PS and pred.strategy != "ps-sync":
+        hist = pred.extra.get("staleness_histogram", {})
+        total = sum(hist.values()) or 1
+        value = sum(v / (1 + prog.staleness_a * s) for s, v in hist.items()) / total
+        value *= 1 - pred.extra.get("drop_fraction", 0.0)
+        pushes = dense * prog.workers_ref / value  # each push: one batch of the dense step's N
+        rate = pred.extra.get("pushes_per_s") or n / pred.step_s
+        return pushes / rate / prog.steps_factor(pred.strategy)
+    steps = dense * prog.workers_ref / n / prog.steps_factor(pred.strategy)
+    return steps * pred.step_s
+
+
+def scaled(w: Workload, factor: float) -> Workload:
+    if factor == 1.0:
+        return w
+    layers = [l.model_copy(update={"forward_s": l.forward_s * factor, "backward_s": l.backward_s * factor}) for l in w.layers]
+    return w.model_copy(update={"layers": layers})
+
+
+def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progress, steps: int = 30, seed: int = 0,
+             trace_dir: Optional[Path] = None) -> Prediction:
+    w = scaled(w, c.compute_scale)
+    if strategy in PS:
+        pred = run_ps(strategy, w, c, o, max(4, steps), seed)
+    else:
+        pred = run_sync(strategy, w, c, o, steps, seed)
+    pred.extra["time_to_accuracy_s"] = time_to_accuracy(pred, w, prog)
+    if trace_dir is not None:
+        trace_out.write(trace_dir, pred, w, c)
+    return pred

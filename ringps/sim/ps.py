@@ -1,0 +1,104 @@
+"""The parameter server as discrete events (SimPy): workers, each server's link and update lock.
+
+A worker computes (the profile's step x its slowdown x jitter), then pushes its gradient to every
+server at once (shard = model / servers) and waits for the replies. A push occupies the server's
+incoming link for shard / server bandwidth (pushes of several workers queue there), then the
+server's update lock for the update (a few passes over the shard), then its outgoing link for the
+reply. Server 0 counts versions: a push's staleness is the versions applied since the worker's
+values; threshold drops it when over T (no version bump, a reply all the same), SSP holds the
+reply while the worker is more than T pushes ahead of the slowest, BSP waits for every worker's
+push of the version.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import Counter
+
+import simpy
+
+from ringps.sim.cluster import ClusterSpec
+from ringps.sim.engine import Options, Prediction
+from ringps.sim.workload import Workload
+
+UPDATE_PASSES = 4  # weight decay, momentum, values, snapshot copy: passes over the shard per push
+
+
+def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_worker: int, seed: int) -> Prediction:
+    policy = strategy.removeprefix("ps-")
+    env, rng = simpy.Environment(), random.Random(seed)
+    n, S = c.workers, c.servers
+    shard = w.params / S
+    up = [simpy.Resource(env, 1) for _ in range(S)]
+    down = [simpy.Resource(env, 1) for _ in range(S)]
+    lock = [simpy.Resource(env, 1) for _ in range(S)]
+    t_link = shard * 4 / min(c.bw, c.server_bw) + c.latency_s
+    t_update = UPDATE_PASSES * shard * o.cpu.pass_s
+    T = o.staleness_threshold if o.staleness_threshold is not None else (
+        2 * (n - 1) if policy == "threshold" else 4)
+    state = {"version": 0, "applied": 0, "dropped": 0}
+    clock = Counter()
+    hist: Counter = Counter()
+    link_busy = [0.0]
+    cycles: list[float] = []
+    computes: list[float] = []
+    round_done = {"version": 0, "event": env.event(), "arrived": 0}
+    slow = c.slowdowns()
+
+    def transfer(res, secs):
+        with res.request() as req:
+            yield req
+            yield env.timeout(secs)
+            link_busy[0] += secs
+
+    def push(i: int, seen: int):
+        # the shards travel in parallel, each over its server's link, queued behind other workers'
+        yield simpy.AllOf(env, [env.process(transfer(up[s], t_link)) for s in range(S)])
+        with lock[0].request() as req:  # server 0 judges (the others apply in parallel: same time)
+            yield req
+            stale = state["version"] - seen
+            hist[stale] += 1
+            if policy == "threshold" and stale > T:
+                state["dropped"] += 1
+            elif policy == "sync":
+                round_done["arrived"] += 1
+                state["applied"] += 1
+                if round_done["arrived"] == n:
+                    yield env.timeout(t_update)
+                    state["version"] += 1
+                    round_done["arrived"] = 0
+                    ev, round_done["event"] = round_done["event"], env.event()
+                    ev.succeed()
+            else:
+                yield env.timeout(t_update)
+                state["version"] += 1
+                state["applied"] += 1
+        if policy == "sync" and round_done["arrived"]:
+            yield round_done["event"]
+        clock[i] += 1
+        if policy == "ssp":
+            while clock[i] - min(clock[j] for j in range(n)) > T:
+                yield env.timeout(t_link)
+        yield simpy.AllOf(env, [env.process(transfer(down[s], t_link)) for s in range(S)])
+
+    def worker(i: int):
+        for _ in range(pushes_per_worker):
+            t0 = env.now
+            seen = state["version"]
+            compute = w.compute_s * slow[i] * (rng.lognormvariate(0, c.jitter) if c.jitter else 1.0)
+            computes.append(compute)
+            yield env.timeout(compute)
+            yield env.process(push(i, seen))
+            cycles.append(env.now - t0)
+        clock[i] = 10 ** 9  # a finished worker no longer holds SSP back
+
+    for i in range(n):
+        env.process(worker(i))
+    env.run()
+    total = sum(hist.values())
+    step_s, compute = statistics.mean(cycles), statistics.mean(computes)
+    extra = {"staleness_histogram": dict(sorted(hist.items())), "drop_fraction": state["dropped"] / max(1, total),
+             "server_link_occupancy": link_busy[0] / (2 * S * env.now) if env.now else 0.0,
+             "pushes_per_s": total / env.now if env.now else 0.0, "mean_staleness": sum(k * v for k, v in hist.items()) / max(1, total)}
+    return Prediction(strategy, n, step_s, compute, step_s - compute, w.params * 4.0, compute / step_s, extra)

@@ -1,0 +1,107 @@
+"""Workload profiles: what one training step of a model costs on one accelerator, per layer.
+
+A profile is a YAML file (`ringps profile --model M --out P.yaml` measures one here):
+
+    name: facenet             # free text
+    device: "2-core CPU, 1 process"
+    source: "measured by ringps profile"  # or the publication the numbers come from
+    batch: 16                 # samples per worker per step
+    steps_to_target: 55       # optional: dense synchronous steps to the target accuracy (progress model)
+    layers:                   # forward order
+      - {name: conv1, kind: conv, params: 832, forward_s: 0.004, backward_s: 0.008}
+      - {name: fc1, kind: fc, params: 10093568, forward_s: 0.01, backward_s: 0.02, in_features: 9856, out_features: 1024}
+
+or, for a model that cannot run here, sizes and a total step time split in proportion to FLOPs:
+
+    step_s: 1.22              # forward + backward per step
+    layers: [{name: conv1, params: 9408, flops: 118e6}, ...]   # backward takes 2/3 of each layer's share
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ringps.errors import ConfigError
+
+PROFILES = Path(__file__).with_name("profiles")  # shipped profiles, by name
+
+
+class Layer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: str = "other"  # conv, fc, other
+    params: int = Field(ge=0)
+    forward_s: Optional[float] = Field(None, ge=0)
+    backward_s: Optional[float] = Field(None, ge=0)
+    flops: Optional[float] = Field(None, ge=0)  # with the profile's step_s: times in proportion
+    in_features: int = 0
+    out_features: int = 0
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    device: str = ""
+    source: str = ""
+    batch: int = Field(ge=1)
+    step_s: Optional[float] = Field(None, gt=0)
+    steps_to_target: Optional[float] = Field(None, gt=0)
+    layers: list[Layer]
+
+    @model_validator(mode="after")
+    def _times(self) -> "Workload":
+        if not self.layers:
+            raise ValueError("a profile needs at least one layer")
+        missing = [l.name for l in self.layers if l.forward_s is None or l.backward_s is None]
+        if missing:
+            if self.step_s is None or any(l.flops is None for l in self.layers):
+                raise ValueError(f"layer {missing[0]} has no forward_s/backward_s: give them, or step_s and every "
+                                 "layer's flops")
+            total = sum(l.flops for l in self.layers) or 1.0
+            for l in self.layers:  # backward ~ 2x forward
+                share = self.step_s * l.flops / total
+                l.forward_s, l.backward_s = share / 3, 2 * share / 3
+        return self
+
+    @property
+    def params(self) -> int:
+        return sum(l.params for l in self.layers)
+
+    @property
+    def compute_s(self) -> float:
+        return sum(l.forward_s + l.backward_s for l in self.layers)
+
+    @property
+    def backward_s(self) -> float:
+        return sum(l.backward_s for l in self.layers)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False))
+
+
+def load_workload(spec: str) -> Workload:
+    """A profile by path, or by the name of a shipped one (facenet, resnet-small, mlp, resnet50-k80, ...)."""
+    path = Path(spec)
+    if not path.is_file():
+        path = PROFILES / f"{spec}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
+        raise ConfigError(f"--profile {spec}: no such file or shipped profile; shipped: {known}")
+    try:
+        return Workload.model_validate(yaml.safe_load(path.read_text()))
+    except (ValidationError, yaml.YAMLError) as e:
+        first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"--profile {spec}: {where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
+
+
+def from_profile(prof, name: str, device: str, steps_to_target: Optional[float] = None) -> Workload:
+    """A measured `ringps.schedule.profile.Profile` as a workload."""
+    layers = [Layer(name=l.name, kind=l.kind, params=l.params, forward_s=l.forward_s, backward_s=l.backward_s,
+                    in_features=l.in_features, out_features=l.out_features) for l in prof.layers]
+    return Workload(name=name, device=device, source="measured by ringps profile", batch=prof.batch,
+                    steps_to_target=steps_to_target, layers=layers)

@@ -1,0 +1,84 @@
+"""The simulator: closed-form collectives against hand-computed values, discrete events that show
+what the cluster does (a slow worker holds a synchronous step, makes an asynchronous one stale,
+threshold drops), workload and cluster files validated in one line, the CLI's JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ringps.errors import ConfigError
+from ringps.sim.cluster import ClusterSpec, load_cluster
+from ringps.sim.collectives import allreduce_s, ring_allreduce_s
+from ringps.sim.engine import Options, buckets
+from ringps.sim.predict import Progress, simulate
+from ringps.sim.workload import Workload, load_workload
+
+
+def toy(step_s=1.0, params=1_000_000) -> Workload:
+    return Workload(name="toy", batch=32, step_s=step_s, steps_to_target=100,
+                    layers=[{"name": "a", "params": params // 2, "flops": 1.0}, {"name": "b", "params": params // 2, "flops": 3.0}])
+
+
+def test_ring_allreduce_is_alpha_beta():
+    assert ring_allreduce_s(8e6, 4, 1e8, 1e-3) == pytest.approx(6 * 1e-3 + 1.5 * 8e6 / 1e8)
+    assert ring_allreduce_s(8e6, 1, 1e8, 1e-3) == 0.0
+    c = ClusterSpec(workers=8, net="8gbit", latency_s=0.0, node_size=4, intra_net="80gbit", efficiency=1.0)
+    # reduce-scatter + all-gather inside the node (3/4 of the bytes each), a ring of 1/4 over 2 nodes
+    assert allreduce_s(1e9, c) == pytest.approx(2 * 0.75 * 1e9 / 1e10 + 2 * 0.5 * 0.25e9 / 1e9)
+
+
+def test_workload_times_from_flops_and_buckets_in_backward_order():
+    w = toy()
+    assert [l.forward_s + l.backward_s for l in w.layers] == pytest.approx([0.25, 0.75])
+    b = buckets(w, 25 * (1 << 20))
+    assert b[0].sizes == [500_000] and b[0].ready == pytest.approx(0.5)  # the last layer's grads come first
+
+
+def test_a_slow_worker_holds_a_synchronous_step_and_makes_async_pushes_stale():
+    w, o = toy(), Options()
+    even = simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit"), o, Progress(), steps=10)
+    slow = simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit", slowdown=[1, 1, 1, 4]), o, Progress(), steps=10)
+    assert even.step_s == pytest.approx(1.0, rel=0.05) and slow.step_s == pytest.approx(4.0, rel=0.05)
+    a = simulate("ps-async", w, ClusterSpec(workers=4, net="100gbit", slowdown=[1, 1, 1, 4]), o, Progress(), steps=20)
+    t = simulate("ps-threshold", w, ClusterSpec(workers=4, net="100gbit", slowdown=[1, 1, 1, 4]),
+                 Options(staleness_threshold=2), Progress(), steps=20)
+    assert max(a.extra["staleness_histogram"]) >= 9  # the slow worker's pushes: ~3 pushes of 3 others
+    # the slow worker makes ~1/13 of the pushes (4x slower than 3 others), all over T = 2: dropped
+    assert 0.05 < t.extra["drop_fraction"] < 0.1 and a.extra["drop_fraction"] == 0.0
+    assert a.step_s < slow.step_s  # nobody waits for the slow one
+
+
+def test_compression_shortens_a_communication_bound_step():
+    w, c, o = load_workload("facenet"), ClusterSpec(workers=4, net="100mbit"), Options()
+    ar = simulate("allreduce", w, c, o, Progress(), steps=5)
+    fp16 = simulate("fp16", w, c, o, Progress(), steps=5)
+    rt = simulate("ring-topk", w, c, o, Progress(), steps=5)
+    assert fp16.bytes_per_step == pytest.approx(ar.bytes_per_step / 2, rel=0.01)
+    assert rt.step_s < 0.2 * ar.step_s and ar.extra["time_to_accuracy_s"] > rt.extra["time_to_accuracy_s"]
+
+
+def test_bad_profiles_and_clusters_are_one_line(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("name: x\nbatch: 8\nlayers: [{name: a, params: 10}]\n")
+    with pytest.raises(ConfigError, match="has no forward_s/backward_s"):
+        load_workload(str(f))
+    with pytest.raises(ConfigError, match="no such file or shipped profile"):
+        load_workload("nope")
+    with pytest.raises(ConfigError, match="--net fast"):
+        load_cluster(None, {"net": "fast"})
+
+
+def test_simulate_cli_prints_json_per_strategy():
+    r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--profile", "facenet", "--workers", "16", "--net",
+                        "10gbit", "--strategy", "allreduce,ps-threshold", "--steps", "5", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["strategy"] for x in rows] == ["allreduce", "ps-threshold"]
+    for x in rows:
+        assert {"strategy", "workers", "step_s", "utilization", "bytes_per_step", "time_to_accuracy_s"} <= set(x)
+    assert "staleness_histogram" in rows[1] and "drop_fraction" in rows[1]
