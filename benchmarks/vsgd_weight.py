@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import add_out_arg, console, contenders_from, guarded, med, run_matrix, table, write_report
 
-from ringps.train.metrics import read_rows
+from ringps.record import read_rows
 
 
 def distances(run_dir: str) -> list[float]:

@@ -1,7 +1,6 @@
-"""ringps: data-parallel PyTorch training for slow networks and unequal workers.
-
-Layers (arrows point down only): cli -> launch -> train -> strategies -> hooks -> ps -> comm
--> compress -> schedule -> cost -> data, models. See DESIGN.md for the algorithms.
-"""
+"""ringps: data-parallel PyTorch training that stays fast on slow networks and stable on unequal
+workers. Layers, from the top: cli, integrations -> launch -> train -> strategies -> hooks, ps,
+sim -> comm, schedule -> compress, data, models -> config, cost -> errors, record, registry,
+trace (docs/DESIGN.md; tests/test_architecture.py keeps imports pointing down)."""
 
 __version__ = "0.1.0"

@@ -229,9 +229,14 @@ class PSConfig(Section):
     @field_validator("vsgd_weight")
     @classmethod
     def _weight(cls, v: str) -> str:
-        from ringps.ps.policies.vsgd import parse_weight
-
-        parse_weight(v)
+        # the form here; the function's name is the VSGD policy's to check (before anything starts)
+        name, _, scale = v.partition(":")
+        try:
+            ok = bool(name) and (not scale or float(scale) > 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError("write NAME:SCALE, SCALE a positive number (e.g. relative:2)")
         return v
 
 

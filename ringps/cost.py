@@ -3,7 +3,8 @@ simulator.
 
 A transfer of b bytes costs `latency + b / bandwidth` on the wire; the CPU work around it
 (selection, scatter-adds, memory passes, reductions) costs per element, with constants measured
-on this machine (`calibrate_cpu`). An exchange's cost is split into wire time, which can hide
+on this machine (`ringps.comm.probe.calibrate_cpu`); the model itself is pure arithmetic. An
+exchange's cost is split into wire time, which can hide
 behind the backward pass, and CPU time, which on a fully subscribed machine cannot.
 """
 
@@ -11,11 +12,8 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
-
-import torch
 
 B_IDX, B_VAL = 4, 4  # bytes per index and per fp32 value on the wire
 
@@ -116,35 +114,3 @@ def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.
     if "dense" in costs and best != "dense" and (compute_s + costs[best]) / progress >= compute_s + costs["dense"]:
         best = "dense"
     return best, costs
-
-
-# ---------------------------------------------------------------------------------------------
-# calibration of the CPU constants on this machine
-
-
-def _time(fn, reps: int = 3) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def calibrate_cpu(n: int = 1 << 21, density: float = 0.01) -> dict[str, float]:
-    """Per-element CPU costs measured with the operations the exchanges really run."""
-    from ringps.compress.selectors import SampledThreshold
-
-    g = torch.randn(n, generator=torch.Generator().manual_seed(0))  # leaves the global RNG alone
-    k = max(1, int(n * density))
-    sel = SampledThreshold()
-    chosen = sel.select(g, k)
-    out = torch.zeros(n)
-    a, b = torch.randn(16, 1024), torch.randn(16, 2048)
-    return {
-        "flop_s": _time(lambda: a.t() @ b) / (16 * 1024 * 2048),
-        "select_s": _time(lambda: sel.select(g, k)) / n,
-        "scatter_s": _time(lambda: out.index_add_(0, chosen.indices, chosen.values)) / max(1, chosen.indices.numel()),
-        "pass_s": _time(lambda: out.zero_().add_(g)) / (2 * n),
-        "reduce_s": _time(lambda: out.add_(g)) / n,
-    }

@@ -70,7 +70,7 @@ def serve_and_push(rank, world, out: str, policy: str, pushes: int):
     each applied push moves every entry by exactly -1 and the values say their own version."""
     from ringps.ps.client import Client
     from ringps.ps.layout import flatten_into
-    from ringps.train.metrics import Recorder
+    from ringps.record import Recorder
 
     model = nn.Module()
     model.w = nn.Parameter(torch.zeros(64))
@@ -145,7 +145,7 @@ def layer_job(rank, world, out: str, policy: str, servers: int, steps: int, meth
     from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
     from ringps.ps.layout import flatten_into, gather
     from ringps.schedule.plan import LayerPlan, Plan
-    from ringps.train.metrics import Recorder
+    from ringps.record import Recorder
 
     layered.LOG_LIMIT = 3  # so a worker that falls behind gets a refresh
     torch.manual_seed(0)

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         return run_auto(args)
     import torch
 
-    from ringps.cost import CostParams, calibrate_cpu, contention, cores
+    from ringps.comm.probe import calibrate_cpu
+    from ringps.cost import CostParams, contention, cores
     from ringps.data import load_dataset
     from ringps.data.loader import ShardedLoader
     from ringps.models import build_model

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ringps.train.metrics import read_rows  # noqa: E402
+from ringps.record import read_rows  # noqa: E402
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:

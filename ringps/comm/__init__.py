@@ -1,1 +1,1 @@
-"""Communication: byte meters, the dense ring, the sparse exchanges (DESIGN.md)."""
+"""Communication: byte meters, the dense ring, the sparse exchanges (docs/DESIGN.md)."""

@@ -31,12 +31,12 @@ import torch.distributed as dist
 from ringps.comm.group import init_from_env
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
-from ringps.comm.probe import measure_links
+from ringps.comm.probe import calibrate_cpu, measure_links
 from ringps.comm.ring import ring_allreduce
 from ringps.comm.sparse import Segment, build_exchange
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold, Selection, Selector
-from ringps.cost import SPARSE, CostParams, calibrate_cpu, choose_exchange
+from ringps.cost import SPARSE, CostParams, choose_exchange
 
 SPARSE_BENCH = ("allgather", "shared-index", "sparse-rs", "gloo-allgather")
 

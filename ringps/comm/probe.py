@@ -49,9 +49,35 @@ def broadcast_object(obj, group=None, src_index: int = 0):
 
 
 def measured_cost_params(group=None, calibrate: bool = True) -> CostParams:
-    from ringps.cost import calibrate_cpu
-
     latency, bandwidth = measure_links(group)
     cpu = calibrate_cpu() if calibrate and dist.get_rank(group) == 0 else {}
     cpu = broadcast_object(cpu, group)
     return CostParams(bandwidth=bandwidth, latency=latency, **cpu)
+
+
+def _time(fn, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def calibrate_cpu(n: int = 1 << 21, density: float = 0.01) -> dict[str, float]:
+    """Per-element CPU costs measured with the operations the exchanges really run."""
+    from ringps.compress.selectors import SampledThreshold
+
+    g = torch.randn(n, generator=torch.Generator().manual_seed(0))  # leaves the global RNG alone
+    k = max(1, int(n * density))
+    sel = SampledThreshold()
+    chosen = sel.select(g, k)
+    out = torch.zeros(n)
+    a, b = torch.randn(16, 1024), torch.randn(16, 2048)
+    return {
+        "flop_s": _time(lambda: a.t() @ b) / (16 * 1024 * 2048),
+        "select_s": _time(lambda: sel.select(g, k)) / n,
+        "scatter_s": _time(lambda: out.index_add_(0, chosen.indices, chosen.values)) / max(1, chosen.indices.numel()),
+        "pass_s": _time(lambda: out.zero_().add_(g)) / (2 * n),
+        "reduce_s": _time(lambda: out.add_(g)) / n,
+    }

@@ -1,4 +1,4 @@
-"""Gradient selection with memory (DESIGN.md "Selection with memory").
+"""Gradient selection with memory (docs/DESIGN.md "Selection with memory").
 
 Order per tensor, GRACE-style: compensate (memory) -> select (selector) -> exchange (comm) ->
 update memory (the unsent rest stays in the residual). Selectors and memories register by name.

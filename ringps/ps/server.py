@@ -40,7 +40,7 @@ from ringps.ps import wire
 from ringps.ps.buffers import BufferPool, SnapshotPool
 from ringps.ps.layout import Layout
 from ringps.ps.policies import Policy, Push, Verdict
-from ringps.train.metrics import Recorder
+from ringps.record import Recorder
 
 BUFFERS = 4  # receive buffers and reply snapshots per server (each), whatever the number of workers
 

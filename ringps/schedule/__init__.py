@@ -1,1 +1,1 @@
-"""Per-layer profile, the transmission plan, and the wait-free launch order (DESIGN.md)."""
+"""Per-layer profile, the transmission plan, and the wait-free launch order (docs/DESIGN.md)."""

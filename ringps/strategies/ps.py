@@ -30,10 +30,10 @@ from ringps.ps.client import Client
 from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
 from ringps.ps.layout import Layout, flatten_into, gather
 from ringps.ps.server import Server
+from ringps.record import Recorder
 from ringps.schedule.plan import METHODS, Plan, dense_plan, make_plan
 from ringps.schedule.profile import profile_model
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
-from ringps.train.metrics import Recorder
 
 GOODPUT = 0.95  # TCP payload per configured link bit (tbf shapes whole packets)
 
@@ -59,6 +59,10 @@ class ParameterServer(Strategy):
 
     @classmethod
     def check(cls, cfg) -> None:
+        try:  # the policy's own options (e.g. --vsgd-weight's function name)
+            POLICIES.build(cfg.strategy.strategy.removeprefix("ps-"), cfg)
+        except ValueError as e:
+            raise ConfigError(f"--vsgd-weight {cfg.ps.vsgd_weight}: {e}") from None
         if cfg.train.optimizer != "sgd":
             raise ConfigError(f"--optimizer {cfg.train.optimizer}: the parameter servers run momentum SGD "
                               f"({cfg.strategy.strategy}); use --optimizer sgd")

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ringps.train.metrics import rank_files, read_rows
+from ringps.record import rank_files, read_rows
 
 SPIKE_FACTOR, SPIKE_WINDOW, SPIKE_FLOOR = 1.5, 20, 0.05
 # a spike must also rise this fraction of the worker's starting loss above the recent median:

@@ -19,10 +19,10 @@ from ringps import trace
 from ringps.comm.meter import TcpCounters
 from ringps.data import Dataset
 from ringps.data.loader import ShardedLoader
+from ringps.record import Recorder
 from ringps.strategies.base import Strategy, WorkerContext
 from ringps.train import checkpoint
 from ringps.train.evaluate import evaluate
-from ringps.train.metrics import Recorder
 
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:

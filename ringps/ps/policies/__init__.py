@@ -1,4 +1,4 @@
-"""Server policies, one file each (DESIGN.md "Parameter server"); importing a module registers it.
+"""Server policies, one file each (docs/DESIGN.md "Parameter server"); importing a module registers it.
 
 sync (BSP), async (ASGD), threshold (expiration), ssp (bounded staleness), stale-lr (Zhang et al.
 2016), dcasgd (Zheng et al. 2017), vsgd (value staleness). The interface is in `base.py`.
