@@ -144,8 +144,8 @@ def layer_job(rank, world, out: str, policy: str, servers: int, steps: int, meth
     from ringps.ps import layered
     from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
     from ringps.ps.layout import flatten_into, gather
-    from ringps.schedule.plan import LayerPlan, Plan
     from ringps.record import Recorder
+    from ringps.schedule.plan import LayerPlan, Plan
 
     layered.LOG_LIMIT = 3  # so a worker that falls behind gets a refresh
     torch.manual_seed(0)
