@@ -17,10 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ringps.data import DATASETS
     from ringps.models import MODELS
+    from ringps.ps import POLICIES
     from ringps.strategies import STRATEGIES
 
     t = Table("kind", "names")
-    t.add_row("strategy", ", ".join(STRATEGIES.names()))
+    t.add_row("strategy", ", ".join(STRATEGIES.names()) + ", auto (the simulator's pick)")
+    notes = {n: POLICIES.get(n).memory_note for n in POLICIES.names() if POLICIES.get(n).memory_note}
+    t.add_row("server memory", "every policy: values, momentum, 4 receive buffers and 4 reply snapshots of the shard; "
+              + "; ".join(f"ps-{n} also: {v}" for n, v in notes.items()))
     t.add_row("model", ", ".join(MODELS.names()))
     t.add_row("dataset", ", ".join(n if n != "folder" else "folder:PATH" for n in DATASETS.names()))
     Console().print(t)

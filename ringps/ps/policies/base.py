@@ -76,6 +76,7 @@ class Policy:
     uses_threshold = False  # reads --staleness-threshold
     carries_on = True  # the job goes on without a dead worker (False: it ends, BSP)
     fraction = 0.0  # VSGD's sample fraction
+    memory_note = ""  # what the policy keeps per worker on a server, beyond the shared pools (`ringps list`)
     DEFAULT_THRESHOLD = 4
 
     def __init__(self, cfg):
@@ -118,8 +119,3 @@ class Policy:
 
     def load_state_dict(self, state: dict) -> None:
         pass
-
-    @property
-    def memory_note(self) -> str:
-        """What this policy keeps per worker on a server, beyond the shared pools (for `ringps list`)."""
-        return ""

@@ -22,6 +22,7 @@ class DCASGD(Policy):
     # replaying sufficient factors does not have: its layers travel dense, fp16 or top-k
     replayable = False
     MEAN_SQUARE = 0.95  # DC-ASGD-a's m (Zheng et al. 2017)
+    memory_note = "a copy of the shard per worker (the values it last pulled)"
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -56,7 +57,3 @@ class DCASGD(Policy):
 
     def load_state_dict(self, state: dict) -> None:
         self.mean_square = state.get("mean_square", self.mean_square)
-
-    @property
-    def memory_note(self) -> str:
-        return "a copy of the shard per worker (the values it last pulled)"
