@@ -57,6 +57,23 @@ def _split_list(value: Any) -> Any:
     return value
 
 
+def _when_given(check):
+    """A field validator that runs `check(value)` (which raises ValueError) unless the value is None."""
+
+    def run(cls, v):
+        if v is not None:
+            check(v)
+        return v
+
+    return classmethod(run)
+
+
+def _step_range(v: str) -> None:
+    a, sep, b = v.partition(":")
+    if not (sep and a.isdigit() and b.isdigit() and 1 <= int(a) <= int(b)):
+        raise ValueError("write A:B, whole steps with 1 <= A <= B")
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -96,22 +113,8 @@ class RunConfig(Section):
             raise ValueError("every factor must be >= 1")
         return v
 
-    @field_validator("profile_steps")
-    @classmethod
-    def _steps(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            a, sep, b = v.partition(":")
-            if not (sep and a.isdigit() and b.isdigit() and 1 <= int(a) <= int(b)):
-                raise ValueError("write A:B, whole steps with 1 <= A <= B")
-        return v
-
-    @field_validator("net")
-    @classmethod
-    def _rates(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            for part in v.split(","):
-                parse_rate(part)
-        return v
+    _steps = field_validator("profile_steps")(_when_given(lambda v: _step_range(v)))
+    _rates = field_validator("net")(_when_given(lambda v: [parse_rate(part) for part in v.split(",")]))
 
     def net_rates(self, hosts: int) -> list[float]:
         """Bits per second for each of `hosts` emulated hosts."""

@@ -10,7 +10,6 @@ behind the backward pass, and CPU time, which on a fully subscribed machine cann
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -58,59 +57,3 @@ class Cost(NamedTuple):
 
 def ring_bytes(n_elems: float, N: int, b: int = B_VAL) -> float:
     return 2 * (N - 1) / N * n_elems * b
-
-
-def exchange_cost(name: str, n: int, k: int, N: int, p: CostParams, block: int = 256, value_bytes: int = B_VAL) -> Cost:
-    """Cost of summing one bucket of n entries with k selected per worker, over N workers; the
-    sparse exchanges' values travel in `value_bytes` (2 with --value-dtype fp16/bf16)."""
-    if N <= 1:
-        return Cost(0.0, 0.0, 0.0)
-    a, bw = p.latency, p.bandwidth
-    if name == "dense":
-        sent = ring_bytes(n, N)
-        return Cost(2 * (N - 1) * a + sent / bw, ring_bytes(n, N, 1) * p.reduce_s + 2 * n * p.pass_s, sent)
-    select = n * p.select_s + k * p.scatter_s
-    if name in ("allgather", "gloo-allgather"):
-        sent = (N - 1) * k * (B_IDX + value_bytes)
-        msgs = 2 * (N - 1) if name == "allgather" else 2 * (N - 1) + (N - 1)
-        cpu = select + N * k * p.scatter_s + 2 * n * p.pass_s
-        return Cost(msgs * a + sent / bw, cpu, sent)
-    if name == "shared-index":
-        nb = math.ceil(n / block)
-        sent = ring_bytes(nb + k, N, value_bytes)
-        cpu = 3 * n * p.pass_s + nb * p.select_s * 8 + 2 * k * p.scatter_s + ring_bytes(nb + k, N, 1) * p.reduce_s
-        return Cost(2 * (N - 1) * a + sent / bw, cpu, sent)  # one all-reduce: the scores ride with the values
-    if name == "sparse-rs":
-        seg = n / N
-        d = min(1.0, k / n)
-        sent, merged = 0.0, 0.0
-        for j in range(1, N):  # partial sums grow by fill-in as segments travel
-            nnz = seg * (1 - (1 - d) ** j)
-            sent += min(nnz * (B_IDX + B_VAL), seg * B_VAL)
-            merged += nnz
-        final = seg * (1 - (1 - d) ** N)
-        sent += (N - 1) * min(final * (B_IDX + B_VAL), seg * B_VAL)
-        cpu = select + merged * p.scatter_s * 3 + 2 * n * p.pass_s
-        return Cost(4 * (N - 1) * a + sent / bw, cpu, sent)
-    raise KeyError(name)
-
-
-SPARSE = ("allgather", "shared-index", "sparse-rs")
-
-
-def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.0,
-                    candidates: tuple[str, ...] = ("dense",) + SPARSE, block: int = 256,
-                    compute_s: float = 0.0, progress: float = 1.0, value_bytes: int = B_VAL) -> tuple[str, dict[str, float]]:
-    """The exchange that adds the least step time, and every candidate's predicted cost.
-
-    The model prices time per step; a sparse step also makes less progress than a dense one.
-    With `progress` (what a sparse step achieves relative to a dense one) and `compute_s` (the
-    compute this bucket's share of the step costs), a sparse exchange is chosen over dense only
-    when its whole step per unit of progress is still shorter: (compute + sparse) / progress <
-    compute + dense. Where the two are priced close, dense wins."""
-    costs = {c: exchange_cost(c, n, k, N, p, block, value_bytes if c != "sparse-rs" else B_VAL).exposed(overlap_s, p.cpu_share)
-             for c in candidates}
-    best = min(costs, key=costs.get)
-    if "dense" in costs and best != "dense" and (compute_s + costs[best]) / progress >= compute_s + costs["dense"]:
-        best = "dense"
-    return best, costs

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringps.cost import CostParams, choose_exchange, exchange_cost
+from ringps.comm.exchanges import choose_exchange, price
+from ringps.cost import CostParams
 
 N_, K_ = 10_000_000, 100_000
 
@@ -14,7 +15,7 @@ def test_slow_link_goes_sparse_and_shared_index_sends_least():
     name, costs = choose_exchange(N_, K_, 4, p, compute_s=1.0, progress=0.57)
     assert name == "shared-index"
     assert costs["shared-index"] < 0.1 * costs["dense"]
-    sent = {c: exchange_cost(c, N_, K_, 4, p).bytes_sent for c in ("dense", "allgather", "shared-index")}
+    sent = {c: price(c, N_, K_, 4, p).bytes_sent for c in ("dense", "allgather", "shared-index")}
     assert sent["shared-index"] < sent["allgather"] < sent["dense"]
 
 

@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 from conftest import run_ranks
 
+from ringps.comm.exchanges import EXCHANGES, Segment
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.ring import ring_allreduce
-from ringps.comm.sparse import EXCHANGES, Segment
 from ringps.compress.selectors import Selection, Selector
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ SHARED = [(1000, 64, 16), (1001, 100, 7), (50, 0, 4), (64, 64, 8)]
 
 
 def shared_index_cases(rank, world):
-    from ringps.comm.sparse import SharedIndex
+    from ringps.comm.exchanges import SharedIndex
 
     out = {}
     for n, k, block in SHARED:
@@ -108,7 +108,7 @@ def check_shared(world, n, k, block, res):
 
 
 def two_steps(rank, world):
-    from ringps.comm.sparse import SharedIndex
+    from ringps.comm.exchanges import SharedIndex
 
     n, block = 1001, 7
     ex = SharedIndex(block)
@@ -154,7 +154,7 @@ def test_shared_index_picks_the_next_blocks_from_the_residual_scores():
 
 
 def randomk_case(rank, world):
-    from ringps.comm.sparse import SharedIndex
+    from ringps.comm.exchanges import SharedIndex
     from ringps.compress.selectors import RandomK
 
     acc = torch.randn(500, generator=torch.Generator().manual_seed(rank))

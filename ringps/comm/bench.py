@@ -28,15 +28,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from ringps.comm.exchanges import Segment, auto_candidates, build_exchange, choose_exchange
 from ringps.comm.group import init_from_env
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.probe import calibrate_cpu, measure_links
 from ringps.comm.ring import ring_allreduce
-from ringps.comm.sparse import Segment, build_exchange
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold, Selection, Selector
-from ringps.cost import SPARSE, CostParams, choose_exchange
+from ringps.cost import CostParams
 
 SPARSE_BENCH = ("allgather", "shared-index", "sparse-rs", "gloo-allgather")
 
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
             select_s = time.perf_counter() - t0
             segs = [Segment(0, n, k, 0)]
             out = torch.empty_like(g)  # reused, as the hook reuses the gradient
-            chosen, _ = choose_exchange(n, k, N, params, 0.0, candidates=SPARSE, block=args.block)
+            chosen, _ = choose_exchange(n, k, N, params, 0.0, candidates=tuple(c for c in auto_candidates() if c != "dense"), block=args.block)
             for name in SPARSE_BENCH:
                 ex = build_exchange(name, args.block)
                 prepare = lambda: ex.prepare(g, segs, PreSelected(sel), 0)  # noqa: E731

@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 
 from ringps import trace
+from ringps.comm.exchanges import EXCHANGES, VALUE_DTYPES, Exchange, Segment, build_exchange, choose_exchange
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
-from ringps.comm.sparse import EXCHANGES, VALUE_DTYPES, Exchange, Segment, build_exchange
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
 from ringps.config import SPARSE_PROGRESS
-from ringps.cost import CostParams, choose_exchange
+from ringps.cost import CostParams
 
 log = logging.getLogger("ringps")
 if not log.handlers and not logging.getLogger().handlers:  # say it even where nobody set up logging

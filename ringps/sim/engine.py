@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 import simpy
 
-from ringps.cost import CostParams, choose_exchange, exchange_cost
+from ringps.comm.exchanges import choose_exchange, price
+from ringps.cost import CostParams
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
 from ringps.sim.workload import Workload
@@ -110,10 +111,10 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     if not large:
         return t_small, 2 * (n - 1) / n * small * 4
     if strategy == "topk-allgather":
-        cpu = exchange_cost("allgather", large, k, n, p).cpu_s
+        cpu = price("allgather", large, k, n, p).cpu_s
         return allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + small * 4
     name, _ = choose_exchange(large, k, n, p, overlap, progress=o.sparse_progress, value_bytes=o.value_bytes)
-    cost = exchange_cost(name, large, k, n, p, value_bytes=o.value_bytes)
+    cost = price(name, large, k, n, p, value_bytes=o.value_bytes)
     wire = allreduce_s(large * 4, c) if name == "dense" else cost.wire_s
     return wire + cost.cpu_s + t_small, cost.bytes_sent + small * 4
 
