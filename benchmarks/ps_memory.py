@@ -2,7 +2,7 @@
 tree's code side by side with an earlier commit's (`--baseline REF`, checked out into a temporary
 git worktree and run from there).
 
-Each cell runs `ringps.ps.bench` (W workers push-and-pull a flat parameter as fast as they can,
+Each cell runs `ringps.bench.ps` (W workers push-and-pull a flat parameter as fast as they can,
 one server) for both trees in turn, `--repeats` times; the server's peak resident memory is the
 largest descendant's ru_maxrss (the server holds the shard copies, it is the largest process).
 
@@ -24,9 +24,10 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
-import json, resource, sys
+import importlib.util, json, resource, sys
 from ringps.launch.spawn import run_module
-res = run_module("ringps.ps.bench", sys.argv[2:], int(sys.argv[1]), None, timeout=600)
+module = "ringps.bench.ps" if importlib.util.find_spec("ringps.bench") else "ringps.ps.bench"  # older trees
+res = run_module(module, sys.argv[2:], int(sys.argv[1]), None, timeout=600)
 server = next(r for r in res if r.get("role") == "server")
 print(json.dumps({"pushes_per_s": server["pushes_per_s"],
                   "peak_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))

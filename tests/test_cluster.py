@@ -39,7 +39,7 @@ def no_leftovers():
 @needs_root
 @pytest.mark.parametrize("rate", [100e6, 1e9])
 def test_shaped_all_reduce_delivers_the_rate(rate, no_leftovers):
-    from ringps.launch.netbench import bench_net
+    from ringps.bench.net import bench_net
 
     res = bench_net([rate] * 3, seconds=0.6, iters=3)
     assert abs(res.busbw_bps / rate - 1) <= 0.15, res
@@ -52,7 +52,7 @@ def test_shaped_all_reduce_delivers_the_rate(rate, no_leftovers):
 @needs_root
 def test_unequal_links_are_shaped_each(no_leftovers):
     with cl.Cluster.create([1e9, 100e6]) as c:
-        from ringps.launch.netbench import tcp_link
+        from ringps.bench.net import tcp_link
 
         fast_to_slow = tcp_link(c, 0, 1, 0.5)  # limited by host 1's receive side
         assert 0.8e8 < fast_to_slow < 1.15e8

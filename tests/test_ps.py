@@ -114,7 +114,7 @@ def test_evaluation_holds_an_asynchronous_job_still(tmp_path):
     the time other workers were held is reported and left out of their clocks."""
     out = tmp_path / "run"
     r = ringps("train", *TINY, "--synthetic-samples", "20000",  # a test split that takes ~30 ms to score
-               "--strategy", "ps-async", "--workers", "3", "--steps", "30", "--eval-every", "1",
+               "--strategy", "ps-async", "--workers", "3", "--steps", "60", "--eval-every", "1",
                "--slowdown", "1,2,3", "--out", str(out))
     assert r.returncode == 0, r.stderr
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]

@@ -45,8 +45,8 @@ def _mbit(bps: float) -> str:
 
 
 def run_net(args: argparse.Namespace) -> int:
+    from ringps.bench.net import bench_net
     from ringps.launch.cluster import format_rate
-    from ringps.launch.netbench import bench_net
 
     if args.hosts < 2:
         raise ConfigError(f"--hosts {args.hosts}: need at least 2 hosts to measure a link")
@@ -93,7 +93,7 @@ def run_comm(args: argparse.Namespace) -> int:
     module_args = ["--sizes", args.sizes, "--densities", args.densities, "--repeats", str(args.repeats),
                    "--block", str(args.block)]
     with ctx as c:
-        res = run_module("ringps.comm.bench", module_args, args.workers, placement(c) if c else None, timeout=3600)[0]
+        res = run_module("ringps.bench.comm", module_args, args.workers, placement(c) if c else None, timeout=3600)[0]
     n = res["world"]
     link = rate / 8 if rate else res["bandwidth"]
     console = wide_console()
@@ -148,7 +148,7 @@ def run_ps(args: argparse.Namespace) -> int:
     results = []
     for label, rates in runs:
         if rates is None:
-            res = run_module("ringps.ps.bench", module_args, world, None, timeout=300)
+            res = run_module("ringps.bench.ps", module_args, world, None, timeout=300)
         else:
             from ringps.launch.cluster import Cluster, ClusterError, placement, requirements_missing
 
@@ -156,7 +156,7 @@ def run_ps(args: argparse.Namespace) -> int:
             if why:
                 raise ClusterError(why)
             with Cluster.create(rates) as c:
-                res = run_module("ringps.ps.bench", module_args, world, placement(c), timeout=300)
+                res = run_module("ringps.bench.ps", module_args, world, placement(c), timeout=300)
         results.append((label, res))
     t = Table("setting", "server pushes/s", "server peak RSS", "per worker", "pooled buffers", "copies/push",
               "worker pushes/s", "round trip (median)")

@@ -7,14 +7,13 @@ A ring step sends to the right neighbour and receives from the left one at the s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ringps.comm.meter import PayloadMeter
-from ringps.errors import CommTimeout, first_line
+from ringps.comm.wait import wait
 
 
 @dataclass
@@ -33,16 +32,7 @@ class Ring:
         return dist.get_global_rank(self.group, r) if self.group is not None else r
 
     def _wait(self, work, what: str, peer: int) -> None:
-        try:
-            ok = work.wait(timeout=timedelta(seconds=self.timeout))
-        except RuntimeError as e:
-            raise CommTimeout(
-                f"rank {self.global_rank(self.rank)}: {what} with rank {self.global_rank(peer)} failed "
-                f"after up to {self.timeout:g}s: {first_line(e)}"
-            ) from None
-        if ok is False:
-            raise CommTimeout(f"rank {self.global_rank(self.rank)}: timed out after {self.timeout:g}s "
-                              f"waiting for {what} from rank {self.global_rank(peer)}")
+        wait(work, self.timeout, f"rank {self.global_rank(self.rank)}: {what} with rank {self.global_rank(peer)}")
 
     def step(self, send: torch.Tensor, recv: torch.Tensor, what: str, name: str = "ring") -> None:
         """Send `send` right and fill `recv` from the left, concurrently."""

@@ -32,7 +32,7 @@ from ringps.comm.p2p import Ring
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
 from ringps.config import SPARSE_PROGRESS
-from ringps.cost import CostParams
+from ringps.cost import CostParams, ring_bytes
 
 log = logging.getLogger("ringps")
 if not log.handlers and not logging.getLogger().handlers:  # say it even where nobody set up logging
@@ -102,6 +102,18 @@ class RingTopkState:
         self._steps: list[float] = []  # per step: its wall time less the hook's own time (compute)
         self._step_end = 0.0
         self._step_comm = 0.0
+
+    @classmethod
+    def from_config(cls, cfg, steps_per_epoch: int, process_group=None, timeout: float = 300.0,
+                    **overrides: Any) -> "RingTopkState":
+        """The state `ringps train` runs: the config's compress section (density, warm-up in epochs,
+        selector, memory, exchange, ...), its momentum and seed; `overrides` replace any of them."""
+        c = cfg.compress
+        kw = dict(density=c.density, warmup_steps=int(round(c.density_warmup_epochs * steps_per_epoch)),
+                  selector=c.selector, memory=c.memory, exchange=c.exchange, dense_below=c.dense_below, block=c.block,
+                  momentum=cfg.train.momentum, clip_norm=c.clip_norm, seed=cfg.run.seed, progress=c.sparse_progress,
+                  value_dtype=c.value_dtype)
+        return cls(process_group=process_group, timeout=timeout, **{**kw, **overrides})
 
     # -- set-up --------------------------------------------------------------------------
     def bind(self, model: torch.nn.Module) -> "RingTopkState":
@@ -322,7 +334,7 @@ class RingTopkState:
         n = self.ring.size
         if all(self.memory.is_clean(t) for t, _ in large):
             dist.all_reduce(buffer, group=self.process_group)
-            self.meter.add("dense", buffer.numel() * buffer.element_size() * 2 * (n - 1) // n)
+            self.meter.add("dense", int(ring_bytes(buffer.numel(), n, buffer.element_size())))
             buffer.div_(n)
             for tname, g in named:
                 self.memory.dense(tname, g.view(-1))
@@ -330,7 +342,7 @@ class RingTopkState:
         parts = [self.memory.flush_input(t, g.view(-1)) for t, g in large]
         msg = torch.cat(parts)
         dist.all_reduce(msg, group=self.process_group)
-        self.meter.add("dense", msg.numel() * msg.element_size() * 2 * (n - 1) // n)
+        self.meter.add("dense", int(ring_bytes(msg.numel(), n, msg.element_size())))
         msg.div_(n)
         at = 0
         for (tname, g), part in zip(large, parts):
@@ -345,7 +357,7 @@ class RingTopkState:
         flat = torch.cat([t.flatten() for _, t in tensors])
         dist.all_reduce(flat, group=self.process_group)
         n = self.ring.size
-        self.meter.add("dense-small", flat.numel() * flat.element_size() * 2 * (n - 1) // n)
+        self.meter.add("dense-small", int(ring_bytes(flat.numel(), n, flat.element_size())))
         flat.div_(n)
         offset = 0
         for name, t in tensors:

@@ -80,7 +80,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
         worker_ranks, server_ranks = roles(cfg, world)
         init_from_env(backend, cfg.run.timeout)
         if not managed:  # torchrun decides the size; rank 0 names the run folder for everyone
-            cfg.run.workers = len(worker_ranks)
+            cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"workers": len(worker_ranks)})})
             run_dir = shared_run_dir(cfg, rank)
         assert run_dir is not None
         if cfg.run.trace:

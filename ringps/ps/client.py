@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ringps import trace
-from ringps.errors import CommTimeout, ProtocolError, first_line
+from ringps.comm.wait import wait
+from ringps.errors import ProtocolError
 from ringps.ps import wire
 from ringps.ps.layout import Layout
 
@@ -47,11 +47,7 @@ class Client:
 
     def _wait(self, works: list[tuple[object, str, int]]) -> None:
         for work, what, server in works:
-            try:
-                work.wait(timeout=timedelta(seconds=self.timeout))
-            except RuntimeError as e:
-                raise CommTimeout(f"rank {self.rank}: {what} with server rank {server} failed after up to "
-                                  f"{self.timeout:g}s: {first_line(e)}") from None
+            wait(work, self.timeout, f"rank {self.rank}: {what} with server rank {server}")
 
     def _post_replies(self, op: str, values: bool) -> tuple[list[torch.Tensor], list]:
         """Post the receives of every server's reply header (and values, straight into the

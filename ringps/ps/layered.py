@@ -24,7 +24,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -33,9 +32,10 @@ import torch.nn as nn
 
 from ringps import trace
 from ringps.comm.thread import CommThread
+from ringps.comm.wait import wait
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold
-from ringps.errors import CommTimeout, ProtocolError, first_line
+from ringps.errors import CommTimeout, ProtocolError
 from ringps.ps import wire
 from ringps.ps.layout import Layout
 from ringps.ps.policies import Push
@@ -213,11 +213,7 @@ class LayeredClient:
     # -- the wire ----------------------------------------------------------------------------
     def _wait(self, works: list, what: str, server: int) -> None:
         for w in works:
-            try:
-                w.wait(timeout=timedelta(seconds=self.timeout))
-            except RuntimeError as e:
-                raise CommTimeout(f"rank {self.rank}: {what} with server rank {server} failed after up to "
-                                  f"{self.timeout:g}s: {first_line(e)}") from None
+            wait(w, self.timeout, f"rank {self.rank}: {what} with server rank {server}")
 
     def _payload(self, spec: LayerSpec) -> tuple[torch.Tensor, int, int]:
         """(payload, sf rows, top-k entries), taken in the autograd thread when the layer's gradient is complete."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
@@ -35,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from ringps import trace
-from ringps.errors import CommTimeout, ConfigError, ProtocolError, WorkerFailed, first_line
+from ringps.comm.wait import wait
+from ringps.errors import ConfigError, ProtocolError, WorkerFailed, first_line
 from ringps.ps import wire
 from ringps.ps.buffers import BufferPool, SnapshotPool
 from ringps.ps.layout import Layout
@@ -107,6 +107,17 @@ class Server:
         self.value_staleness: list[float] = []
         self.started = self.ended = 0.0
         self.first_push = self.last_push = 0.0  # pushes/s counts from the first push to the last
+
+    @classmethod
+    def from_config(cls, cfg, ctx, layout: Layout, policy: Policy, initial: torch.Tensor, budget: int = 0,
+                    **extra: Any) -> "Server":
+        """The server `ringps train` runs on a server rank: SGD settings, checkpoints and the
+        sample seed from the config, ranks and timeout from the worker context."""
+        t = cfg.train
+        return cls(ctx.rank, ctx.server_ranks.index(ctx.rank), list(ctx.worker_ranks), layout, policy, initial,
+                   momentum=t.momentum, weight_decay=t.weight_decay, timeout=ctx.timeout,
+                   recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=cfg.ps.ps_checkpoint_every,
+                   out_dir=ctx.out_dir, sample_seed=cfg.run.seed, budget=budget, server_ranks=ctx.server_ranks, **extra)
 
     # -- the update (callers hold the shard's lock) -----------------------------------------
     def update(self, grad: torch.Tensor, verdict: Verdict, lr: float, push: Optional[Push] = None) -> None:
@@ -236,11 +247,7 @@ class Server:
 
     # -- the wire ------------------------------------------------------------------------
     def _wait(self, work, what: str) -> None:
-        try:
-            work.wait(timeout=timedelta(seconds=self.timeout))
-        except RuntimeError as e:
-            raise CommTimeout(f"server rank {self.rank}: {what} failed after up to {self.timeout:g}s: "
-                              f"{first_line(e)}") from None
+        wait(work, self.timeout, f"server rank {self.rank}: {what}")
 
     def _recv(self, src: int, *parts: tuple[torch.Tensor, int, str]) -> None:
         """Receive (tensor, tag, what) parts from `src`, all posted at once: a push's gradient and

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import simpy
 
 from ringps.comm.exchanges import choose_exchange, price
-from ringps.cost import CostParams
+from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
 from ringps.sim.workload import Workload
@@ -97,19 +97,19 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     n = c.workers
     if strategy in ("allreduce", "fp16"):
         nbytes = b.params * (2 if strategy == "fp16" else 4)
-        return allreduce_s(nbytes, c), 2 * (n - 1) / n * nbytes
+        return allreduce_s(nbytes, c), ring_bytes(nbytes, n, 1)
     if strategy == "powersgd":  # P and Q of rank r per matrix, two all-reduces; small tensors dense
         r = o.powersgd_rank
         floats = sum(r * 2 * math.isqrt(p) if p >= o.dense_below else p for p in b.sizes)
         nbytes = floats * 4
-        return 2 * allreduce_s(nbytes / 2, c), 2 * (n - 1) / n * nbytes
+        return 2 * allreduce_s(nbytes / 2, c), ring_bytes(nbytes, n, 1)
     large = sum(p for p in b.sizes if p >= o.dense_below)
     small = b.params - large
     t_small = allreduce_s(small * 4, c)
     k = max(1, int(o.density * large)) if large else 0
     p = CostParams(**{**o.cpu.__dict__, "bandwidth": c.bw, "latency": c.latency_s})
     if not large:
-        return t_small, 2 * (n - 1) / n * small * 4
+        return t_small, ring_bytes(small, n)
     if strategy == "topk-allgather":
         cpu = price("allgather", large, k, n, p).cpu_s
         return allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + small * 4
@@ -127,7 +127,7 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     local = strategy in ("localsgd", "diloco")
     comm = [(0.0, 0.0)] * len(plan) if local else [bucket_comm(strategy, b, c, o, bwd - b.ready) for b in plan]
     period_s = allreduce_s(w.params * 4, c) if local else 0.0
-    sent_per_step = (2 * (c.workers - 1) / c.workers * w.params * 4 / o.local_period if local
+    sent_per_step = (ring_bytes(w.params, c.workers) / o.local_period if local
                      else sum(x for _, x in comm))
     ends, computes = [], []
 

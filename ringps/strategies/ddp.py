@@ -29,6 +29,10 @@ class DDPStrategy(Strategy):
     """Forward, stretch, backward (DDP communicates during it), optimizer step."""
 
     @property
+    def bucket_cap_mb(self) -> float:
+        return self.cfg.strategy.bucket_cap_mb
+
+    @property
     def init_sync(self) -> bool:
         """DDP broadcasts rank 0's model when it wraps it (every replica is the same)."""
         return True
@@ -43,7 +47,7 @@ class DDPStrategy(Strategy):
             model,
             device_ids=dev,
             process_group=ctx.group,
-            bucket_cap_mb=self.cfg.strategy.bucket_cap_mb,
+            bucket_cap_mb=self.bucket_cap_mb,
             gradient_as_bucket_view=True,
             init_sync=self.init_sync,
         )

@@ -26,6 +26,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+from ringps.cost import ring_bytes
 from ringps.hooks import TimedHook
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
 from ringps.strategies.ddp import DDPStrategy
@@ -120,7 +121,7 @@ class DiLoCo(Strategy):
                 p.copy_(o)
         self.rounds += 1
         n = self.ctx.workers
-        return int(delta.numel() * delta.element_size() * 2 * (n - 1) / n)
+        return int(ring_bytes(delta.numel(), n, delta.element_size()))
 
     def step(self, batch) -> StepStats:
         t0 = time.perf_counter()

@@ -30,7 +30,6 @@ from ringps.ps.client import Client
 from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
 from ringps.ps.layout import Layout, flatten_into, gather
 from ringps.ps.server import Server
-from ringps.record import Recorder
 from ringps.schedule.plan import METHODS, Plan, dense_plan, make_plan
 from ringps.schedule.profile import profile_model
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
@@ -223,13 +222,8 @@ class ParameterServer(Strategy):
         cls, extra = Server, {}
         if plan is not None:
             cls, extra = LayerServer, {"specs": layer_specs(model, plan, layout, self.cfg.compress.density)}
-        server = cls(
-            ctx.rank, index, list(ctx.worker_ranks), layout, self.policy, gather(flat, layout, index),
-            momentum=t.momentum, weight_decay=t.weight_decay, timeout=ctx.timeout,
-            recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=self.cfg.ps.ps_checkpoint_every,
-            out_dir=ctx.out_dir, sample_seed=self.cfg.run.seed, budget=self.total_pushes(ctx),
-            server_ranks=ctx.server_ranks, **extra,
-        )
+        server = cls.from_config(self.cfg, ctx, layout, self.policy, gather(flat, layout, index),
+                                 budget=self.total_pushes(ctx), **extra)
         if t.resume:
             server.load_checkpoint(Path(t.resume))
         server.serve()

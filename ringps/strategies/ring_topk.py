@@ -30,15 +30,9 @@ class RingTopk(DDPStrategy):
     dense_below_override: int | None = None
 
     def make_state(self, ctx: WorkerContext) -> RingTopkState:
-        c = self.cfg.compress
-        return RingTopkState(
-            density=c.density, process_group=ctx.group,
-            warmup_steps=int(round(c.density_warmup_epochs * ctx.steps_per_epoch)),
-            selector=c.selector, memory=c.memory, exchange=self.exchange_override or c.exchange,
-            dense_below=c.dense_below if self.dense_below_override is None else self.dense_below_override,
-            block=c.block, momentum=self.cfg.train.momentum, clip_norm=c.clip_norm,
-            seed=self.cfg.run.seed, timeout=ctx.timeout, progress=c.sparse_progress, value_dtype=c.value_dtype,
-        )
+        overrides = {k: v for k, v in (("exchange", self.exchange_override), ("dense_below", self.dense_below_override))
+                     if v is not None}
+        return RingTopkState.from_config(self.cfg, ctx.steps_per_epoch, ctx.group, ctx.timeout, **overrides)
 
     def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
         state = self.make_state(ctx).bind(self.model)
@@ -56,12 +50,16 @@ class RingTopk(DDPStrategy):
         self._last_payload = 0
         return state, TimedHook(ring_topk_hook)
 
-    def setup(self, model: nn.Module, optimizer, ctx: WorkerContext) -> None:
-        self.model = model  # make_hook profiles the bare model before DDP wraps it
+    @property
+    def bucket_cap_mb(self) -> float:
         if self.cfg.strategy.layer_strategy == "auto":
             # layer by layer: buckets of at most 1 MB, so each large layer leaves as soon as its
             # backward is done and gets its own method (dense or sparse) from the cost model
-            self.cfg.strategy.bucket_cap_mb = min(self.cfg.strategy.bucket_cap_mb, 1.0)
+            return min(self.cfg.strategy.bucket_cap_mb, 1.0)
+        return self.cfg.strategy.bucket_cap_mb
+
+    def setup(self, model: nn.Module, optimizer, ctx: WorkerContext) -> None:
+        self.model = model  # make_hook profiles the bare model before DDP wraps it
         super().setup(model, optimizer, ctx)
 
     def step_extra(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 from ringps import trace
 from ringps.comm.p2p import Ring
 from ringps.compress.selectors import Selection, Selector
-from ringps.cost import B_VAL, Cost, CostParams
+from ringps.cost import B_VAL, Cost, CostParams, ring_bytes
 from ringps.registry import Registry
 
 EXCHANGES: Registry = Registry("exchange")
@@ -126,7 +126,7 @@ class Exchange:
 def _meter_ring(ring: Ring, name: str, t: torch.Tensor) -> None:
     """Bytes a ring all-reduce of `t` sends (and receives) per rank."""
     if ring.meter is not None:
-        nbytes = 2 * (ring.size - 1) * t.numel() * t.element_size() // ring.size
+        nbytes = int(ring_bytes(t.numel(), ring.size, t.element_size()))
         ring.meter.add(name, nbytes, nbytes)
 
 

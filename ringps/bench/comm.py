@@ -1,6 +1,6 @@
 """The per-rank side of `ringps bench comm`: time every exchange on the same inputs.
 
-    python -m ringps.comm.bench --sizes 1e6,1e7 --densities 0.01,0.001 --repeats 5   (as N ranks)
+    python -m ringps.bench.comm --sizes 1e6,1e7 --densities 0.01,0.001 --repeats 5   (as N ranks)
 
 For each size and density every rank draws its own gradient, the selection is made once, and
 each exchange is timed on it: gloo's all_reduce and our dense ring on the whole tensor, and every
@@ -36,7 +36,7 @@ from ringps.comm.probe import calibrate_cpu, measure_links
 from ringps.comm.ring import ring_allreduce
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold, Selection, Selector
-from ringps.cost import CostParams
+from ringps.cost import CostParams, ring_bytes
 
 SPARSE_BENCH = ("allgather", "shared-index", "sparse-rs", "gloo-allgather")
 
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
             fn()
             return sum(meter.sent.values()) - before
 
-        dense_bytes = int(2 * (N - 1) / N * n * 4)
+        dense_bytes = int(ring_bytes(n, N))
         rows.append({"exchange": "gloo all_reduce", "numel": n, "density": 1.0, "bytes_sent": dense_bytes,
                      "time_s": timed(lambda: dist.all_reduce(g.clone()), args.repeats), "select_s": 0.0})
         rows.append({"exchange": "dense ring", "numel": n, "density": 1.0,

@@ -1,9 +1,9 @@
 """Probes run inside emulated hosts by `ringps bench net`: a TCP sender/receiver pair and a gloo
 all_reduce timing. Each prints one JSON line.
 
-    python -m ringps.launch.netprobe tcp-recv ADDR PORT
-    python -m ringps.launch.netprobe tcp-send ADDR PORT BYTES
-    python -m ringps.launch.netprobe allreduce NUMEL ITERS      # under RANK/WORLD_SIZE/MASTER_*
+    python -m ringps.bench.netprobe tcp-recv ADDR PORT
+    python -m ringps.bench.netprobe tcp-send ADDR PORT BYTES
+    python -m ringps.bench.netprobe allreduce NUMEL ITERS      # under RANK/WORLD_SIZE/MASTER_*
 """
 
 from __future__ import annotations

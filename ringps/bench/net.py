@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ringps.launch.cluster import Cluster, ClusterError, placement
 from ringps.launch.spawn import run_module
 
-PROBE = [sys.executable, "-m", "ringps.launch.netprobe"]
+PROBE = [sys.executable, "-m", "ringps.bench.netprobe"]
 PORT = 5201
 
 
@@ -72,7 +72,7 @@ def allreduce(c: Cluster, seconds: float, iters: int) -> tuple[dict, list[dict[s
     numel = max(1024, int(nbytes / 4))
     before = c.counters()
     t0 = time.perf_counter()
-    results = run_module("ringps.launch.netprobe", ["allreduce", str(numel), str(iters)], n, placement(c),
+    results = run_module("ringps.bench.netprobe", ["allreduce", str(numel), str(iters)], n, placement(c),
                          timeout=120 + 4 * seconds * (iters + 1))
     elapsed = time.perf_counter() - t0
     after = c.counters()

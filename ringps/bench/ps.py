@@ -1,6 +1,6 @@
 """The per-rank side of `ringps bench ps`: workers push-and-pull as fast as they can.
 
-    python -m ringps.ps.bench --params 1e6 --seconds 5       (as W workers + 1 server)
+    python -m ringps.bench.ps --params 1e6 --seconds 5       (as W workers + 1 server)
 
 No model compute: a flat 1-D parameter of the given size under the given policy (async by
 default; vsgd adds its value sample to every push). Every worker reports its pushes and round
