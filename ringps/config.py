@@ -196,11 +196,12 @@ class CompressConfig(Section):
 
     density: float = Field(0.01, gt=0, le=1, description="fraction of each large tensor sent per step")
     density_warmup_epochs: float = Field(2.0, ge=0, description="epochs to tighten density from 0.25 to --density")
-    selector: Literal["auto", "topk", "threshold", "randomk"] = Field(
-        "auto", description="auto: sampled threshold on large tensors, exact top-k on small ones")
-    memory: Literal["ef", "dgc", "none"] = Field("ef", description="ef: error feedback; dgc: momentum correction")
-    exchange: Literal["auto", "dense", "allgather", "shared-index", "sparse-rs", "gloo-allgather"] = Field(
-        "auto", description="how selections are summed; auto: the cost model's choice per bucket")
+    # names from the registries (`ringps list`), checked against them before anything starts
+    selector: str = Field("auto", description="a registered selector (topk, threshold, randomk) or auto: sampled "
+                          "threshold on large tensors, exact top-k on small ones")
+    memory: str = Field("ef", description="a registered memory: ef (error feedback), dgc (momentum correction), none")
+    exchange: str = Field("auto", description="a registered exchange (`ringps list`), or auto: the cost model's "
+                          "choice per bucket")
     value_dtype: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="what selected values travel in (allgather, shared-index); sums stay fp32")
     dense_below: int = Field(1 << 17, ge=0, description="tensors with fewer entries go dense, fused into one message")

@@ -41,6 +41,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         (["--dataset", "folder:/nonexistent"], "/nonexistent"),
         (["--strategy", "ps-threshold", "--staleness-threshold", "-1"], "--staleness-threshold -1: must be >= 0"),
         (["--diloco-outer-momentum", "1"], "--diloco-outer-momentum 1: must be < 1"),
+        (["--exchange", "nope"], "--exchange nope: unknown exchange 'nope'; known:"),
+        (["--memory", "sgd"], "--memory sgd: unknown memory 'sgd'; known: ef"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expected):

@@ -12,8 +12,11 @@ from typing import Any, Iterator, Optional
 
 from rich.console import Console
 
+from ringps.comm.exchanges import EXCHANGES
+from ringps.compress import MEMORIES, SELECTORS
 from ringps.config import Config
 from ringps.data import load_dataset
+from ringps.errors import ConfigError
 from ringps.launch.local import Job, Placement
 from ringps.launch.progress import ProgressView
 from ringps.launch.rundir import create_run_dir
@@ -26,6 +29,10 @@ def check(cfg: Config) -> None:
     """Everything that can be checked before a process starts: names and the data."""
     strategy = STRATEGIES.get(cfg.strategy.strategy)
     MODELS.get(cfg.model.model)
+    for flag, value, registry in (("--selector", cfg.compress.selector, SELECTORS), ("--memory", cfg.compress.memory, MEMORIES),
+                                  ("--exchange", cfg.compress.exchange, EXCHANGES)):
+        if value != "auto" and value not in registry:
+            raise ConfigError(f"{flag} {value}: {registry.unknown(value)}")
     strategy.check(cfg)
     if cfg.train.resume is not None and not Path(cfg.train.resume).is_dir():
         from ringps.errors import ConfigError
