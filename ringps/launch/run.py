@@ -35,8 +35,6 @@ def check(cfg: Config) -> None:
             raise ConfigError(f"{flag} {value}: {registry.unknown(value)}")
     strategy.check(cfg)
     if cfg.train.resume is not None and not Path(cfg.train.resume).is_dir():
-        from ringps.errors import ConfigError
-
         raise ConfigError(f"--resume {cfg.train.resume}: no such checkpoint folder (give runs/NAME/checkpoints/stepN, "
                           "or a parameter-server run's folder)")
     if cfg.run.net is not None:
@@ -51,7 +49,6 @@ def check(cfg: Config) -> None:
                                "(workers, then servers); give one rate, or one per host")
     data = load_dataset(cfg.data)
     if len(data.train.labels) < cfg.run.workers:
-        from ringps.errors import ConfigError
 
         raise ConfigError(f"--workers {cfg.run.workers}: more workers than the {len(data.train.labels)} training samples")
 
