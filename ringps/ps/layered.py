@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,14 @@ ENTRY_HEAD = 4  # a log entry: [rows, lr, weight factor, bias factor, factors...
 def f32(x: float) -> float:
     """x as the float32 the factor log carries, so server and replaying worker use the same bits."""
     return float(torch.tensor(x, dtype=torch.float32))
+
+
+class LayerPayload(NamedTuple):
+    """One layer's message body: the tensor, and how to read it."""
+
+    body: torch.Tensor
+    rows: int  # sufficient factors: batch rows of (delta, x)
+    k: int  # top-k: (index, value) pairs
 
 
 class LayerSpec:
@@ -215,24 +223,24 @@ class LayeredClient:
         for w in works:
             wait(w, self.timeout, f"rank {self.rank}: {what} with server rank {server}")
 
-    def _payload(self, spec: LayerSpec) -> tuple[torch.Tensor, int, int]:
-        """(payload, sf rows, top-k entries), taken in the autograd thread when the layer's gradient is complete."""
+    def _payload(self, spec: LayerSpec) -> "LayerPayload":
+        """What a layer sends, taken in the autograd thread when the layer's gradient is complete."""
         g = self.grads[spec.start : spec.start + spec.numel]
         if spec.method == "dense":
-            return g.clone(), 0, 0
+            return LayerPayload(g.clone(), 0, 0)
         if spec.method == "fp16":
-            return g.half(), 0, 0
+            return LayerPayload(g.half(), 0, 0)
         if spec.method == "topk":
             acc = self.memory.compensate(spec.name, g)
             sel = self.selector.select(acc, spec.k)
             self.memory.update(spec.name, sel.indices)
             k = sel.indices.numel()
-            return torch.cat([sel.indices.to(torch.int32).view(torch.float32), sel.values]), 0, k
+            return LayerPayload(torch.cat([sel.indices.to(torch.int32).view(torch.float32), sel.values]), 0, k)
         delta, x = self._deltas.pop(spec.index), self._inputs.pop(spec.index)
         parts = [delta.reshape(-1), x.reshape(-1)]
         if spec.numel > spec.weight_numel:
             parts.append(g[spec.weight_numel :])
-        return torch.cat(parts), delta.shape[0], 0
+        return LayerPayload(torch.cat(parts), delta.shape[0], 0)
 
     def _push(self, spec: LayerSpec, payload: torch.Tensor, rows: int, k: int, last: bool,
               sample: Optional[torch.Tensor], every: bool, step: int, lr: float) -> None:

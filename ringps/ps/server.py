@@ -66,6 +66,11 @@ class Outcome(NamedTuple):
     staleness: int  # versions behind when it was judged
 
 
+class Committed(NamedTuple):
+    outcome: Outcome
+    push: Push  # what the policy's hold needs
+
+
 class Shard:
     def __init__(self, values: torch.Tensor):
         self.values = values
@@ -143,7 +148,7 @@ class Server:
 
     # -- one push: judge, apply, account; then the policy's hold --------------------------
     def commit(self, worker: int, h: wire.Header, grad: torch.Tensor, sample: Optional[torch.Tensor],
-               extra: Any = None) -> tuple[Outcome, Push]:
+               extra: Any = None) -> "Committed":
         remote = self.await_verdict(worker, h.step) if self.policy.judged and self.rank != self.judge else None
         s = self.shard
         with s.cond:
@@ -163,7 +168,7 @@ class Server:
         if self.policy.judged and self.rank == self.judge and len(self.server_ranks) > 1:
             self.tell_peers(worker, h.step, push.staleness, verdict)
         status = wire.APPLIED if verdict.apply else wire.DROPPED
-        return Outcome(status, verdict, 0.0, paused, push.staleness), push
+        return Committed(Outcome(status, verdict, 0.0, paused, push.staleness), push)
 
     def settle(self, push: Push) -> float:
         """The policy's hold before the reply; returns the seconds held."""
