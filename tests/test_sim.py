@@ -82,3 +82,19 @@ def test_simulate_cli_prints_json_per_strategy():
     for x in rows:
         assert {"strategy", "workers", "step_s", "utilization", "bytes_per_step", "time_to_accuracy_s"} <= set(x)
     assert "staleness_histogram" in rows[1] and "drop_fraction" in rows[1]
+
+
+def test_calibration_fits_progress_factors_against_allreduce():
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured, fit_progress
+
+    def m(strategy, steps, seed):
+        return Measured(Path(f"/r/{strategy}{seed}"), strategy, 4, 1, "100mbit", None, 1.0, 2.0, steps, 100.0, seed,
+                        "facenet", {})
+
+    runs = [m("allreduce", 55, 0), m("ring-topk", 97, 0), m("allreduce", 60, 1), m("ring-topk", 100, 1),
+            m("powersgd", None, 1), m("ps-async", 300, 0)]
+    f = fit_progress(runs)
+    assert f["allreduce"] == 1.0 and f["ring-topk"] == pytest.approx((55 / 97 + 0.6) / 2, abs=1e-3)
+    assert "powersgd" not in f and "ps-async" not in f  # never reached; asynchronous pushes are priced by staleness
