@@ -75,7 +75,8 @@ def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progr
              trace_dir: Optional[Path] = None) -> Prediction:
     w = scaled(w, c.compute_scale)
     if strategy in PS:
-        pred = run_ps(strategy, w, c, o, max(4, steps), seed)
+        # enough pushes for the statistics, not more: at 1,024 workers a few per worker are thousands
+        pred = run_ps(strategy, w, c, o, max(4, min(steps, 4096 // c.workers + 4)), seed)
     else:
         pred = run_sync(strategy, w, c, o, steps, seed)
     pred.extra["time_to_accuracy_s"] = time_to_accuracy(pred, w, prog)
