@@ -22,6 +22,11 @@ SETTINGS = {"100mbit": {"net": "100mbit"}, "1gbit": {"net": "1gbit"}, "unshaped"
             "hetero-100mbit": {"net": "100mbit", "slowdown": "1,1,2,4"}}
 PEERS = ["allreduce", "fp16", "powersgd", "localsgd", "diloco", "topk-allgather", "ring-topk"]
 HETERO = ["allreduce", "ring-topk", "ps-stale-lr"]
+# DiLoCo's inner optimizer is the paper's (AdamW there; Adam with this task's L2 weight decay here) at
+# Adam's usual lr. With this task's SGD (lr 0.01, momentum 0.9) inside, the outer Nesterov step
+# (0.7, 0.9) collapsed the model to a constant prediction in every seed tried: label
+# `diloco+optimizer=sgd+lr=0.01` reproduces that.
+OWN_OPTIONS = {"diloco": {"optimizer": "adam", "lr": 0.001}}
 
 
 def main() -> None:
@@ -39,7 +44,7 @@ def main() -> None:
     results, out = {}, args.out
     for s in args.settings.split(","):
         spec = args.contenders or ",".join(HETERO if s == "hetero-100mbit" else PEERS)
-        out, res = run_matrix("ring-topk", {s: SETTINGS[s]}, contenders_from(spec, lambda c: {"strategy": c}),
+        out, res = run_matrix("ring-topk", {s: SETTINGS[s]}, contenders_from(spec, lambda c: {"strategy": c, **OWN_OPTIONS.get(c, {})}),
                               args.repeats, common, out)
         results.update(res)
     lines = [f"ring-topk benchmark: facenet / orl-faces / 4 workers / {args.epochs} epochs / target "
