@@ -9,6 +9,9 @@
   minus their own) and an outer Nesterov SGD (`--diloco-outer-lr` 0.7, momentum 0.9: the
   paper's) steps the outer model, which every worker continues from. torchft's DiLoCo needs its
   Lighthouse service and Manager, so this is written here, on one all-reduce per round.
+  The paper's inner optimizer is AdamW: run it with `--optimizer adam --lr 0.001`. With SGD and
+  momentum 0.9 inside, the outer momentum compounds the inner one and facenet/ORL collapsed to a
+  constant prediction in every seed tried (docs/RESULTS.md §1).
 
 Both evaluate the model they would ship: localsgd the average of the replicas, diloco the outer
 model (identical on every rank), swapped in for the evaluation only.
