@@ -33,6 +33,7 @@ def runs(tmp_path_factory):
     # a larger input: each step's compute well above the sleep's scheduling granularity
     train(base / "ps", "--strategy", "ps-threshold", "--workers", "3", "--slowdown", "1,1,4", "--steps", "30",
           "--synthetic-shape", "3,64,64")
+    train(base / "dl", "--strategy", "diloco", "--workers", "2", "--steps", "16", "--local-period", "4")
     return base
 
 
@@ -74,7 +75,7 @@ def test_every_rank_writes_a_trace_in_the_chrome_format(runs, name, world):
         check_format(json.loads(f.read_text()), rank, world)
 
 
-@pytest.mark.parametrize("name, workers", [("ar", 2), ("ps", 3)])
+@pytest.mark.parametrize("name, workers", [("ar", 2), ("ps", 3), ("dl", 2)])
 def test_traced_totals_agree_with_the_metrics(runs, name, workers):
     m = metrics(runs / name)
     for w in range(workers):

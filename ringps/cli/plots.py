@@ -19,8 +19,10 @@ def _rows(run_dir: Path) -> list[dict[str, Any]]:
     return list(read_rows(f)) if f.is_file() else []
 
 
-def _label(run_dir: Path, summary: dict[str, Any]) -> str:
-    return summary.get("label") or summary.get("strategy") or Path(run_dir).name
+def _labels(runs: list[tuple[Path, dict[str, Any]]]) -> list[str]:
+    """The strategy names; the run folders' names where two runs share one (variants side by side)."""
+    labels = [s.get("label") or s.get("strategy") or Path(d).name for d, s in runs]
+    return labels if len(set(labels)) == len(labels) else [Path(d).name for d, _ in runs]
 
 
 def plot_curves(runs: list[tuple[Path, dict[str, Any]]], out: Path) -> list[Path]:
@@ -28,9 +30,8 @@ def plot_curves(runs: list[tuple[Path, dict[str, Any]]], out: Path) -> list[Path
     written = []
     fig_acc, ax_acc = plt.subplots(figsize=(7, 4.5))
     fig_loss, ax_loss = plt.subplots(figsize=(7, 4.5))
-    for run_dir, summary in runs:
+    for (run_dir, _), label in zip(runs, _labels(runs)):
         rows = _rows(run_dir)
-        label = _label(run_dir, summary)
         ev = sorted((r for r in rows if r["kind"] == "eval"), key=lambda r: r["t"])
         if ev:
             ax_acc.plot([r["t"] for r in ev], [100 * r["accuracy"] for r in ev], marker=".", label=label)
@@ -63,7 +64,7 @@ def plot_breakdown(runs: list[tuple[Path, dict[str, Any]]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(runs) * 2), 4.5))
     x, ticks, labels = 0.0, [], []
     colors = {"compute_s": "#4c72b0", "comm_s": "#dd8452", "wait_s": "#c44e52"}
-    for run_dir, s in runs:
+    for (run_dir, s), name in zip(runs, _labels(runs)):
         for w, pw in sorted(s.get("per_worker", {}).items(), key=lambda kv: int(kv[0])):
             bottom = 0.0
             for key, color in colors.items():
@@ -71,7 +72,7 @@ def plot_breakdown(runs: list[tuple[Path, dict[str, Any]]], out: Path) -> Path:
                        label=key.removesuffix("_s") if not ticks else None)
                 bottom += pw[key]
             ticks.append(x)
-            labels.append(f"{_label(run_dir, s)}\nw{w}")
+            labels.append(f"{name}\nw{w}")
             x += 1
         x += 0.8
     ax.set_xticks(ticks, labels, fontsize=7)

@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+from ringps import trace
 from ringps.cost import ring_bytes
 from ringps.hooks import TimedHook
 from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
@@ -131,15 +132,25 @@ class DiLoCo(Strategy):
         self.optimizer.zero_grad(set_to_none=False)
         loss = loss_of(self.model, batch, self.ctx.device)
         t1 = time.perf_counter()
-        self.ctx.stretch(t1 - t0)
+        pause = self.ctx.stretch(t1 - t0)
         t2 = time.perf_counter()
         loss.backward()
+        tb = time.perf_counter()
         self.optimizer.step()
         t3 = time.perf_counter()
         self.inner_steps += 1
         sent = self.sync() if self.inner_steps % self.cfg.strategy.local_period == 0 else 0
         t4 = time.perf_counter()
         self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2)
+        tr = trace.get()
+        if tr.enabled:  # the same spans as DDP's step, the outer step as communication
+            tr.add("forward", "compute", t0, t1)
+            if pause:
+                tr.add("slowdown", "compute", t1, t2, factor=self.ctx.stretch.factor)
+            tr.add("backward", "compute", t2, tb)
+            tr.add("optimizer", "compute", tb, t3)
+            if sent:
+                tr.add("outer step", "comm", t3, t4, round=self.rounds)
         return StepStats(loss=loss.item(), compute_s=(t2 - t0) + (t3 - t2), exposed_s=t4 - t3,
                          payload_sent=sent, payload_recv=sent, t_ready=time.time() - (t4 - t3),
                          extra={"outer_round": self.rounds})
