@@ -59,7 +59,10 @@ def grid(args) -> list[Path]:
             settings[f"w{n}-{net}"] = {"workers": n, "net": net}
             if n == 4:
                 settings[f"w{n}-{net}-slow"] = {"workers": n, "net": net, "slowdown": "1,1,2,4"}
-    common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000}
+    # steady state: the simulator predicts a strategy's step after its warm-up (PowerSGD's dense
+    # first steps, ring-topk's density ramp), and a short run would be mostly warm-up
+    common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000,
+              "powersgd_start_iter": 2, "density_warmup_epochs": 0}
     out, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, 1, common, args.out)
     return [Path(r["run_dir"]) for runs in results.values() for rs in runs.values() for r in rs]
 
@@ -75,7 +78,7 @@ def validate(runs: list[Path], w) -> list[str]:
     t = Table("cell", "strategy", "measured step s", "predicted", "error", title="validation (not used to calibrate)")
     errs, by_setting = [], {}
     for m in test:
-        p = simulate(m.strategy, w, cluster_for(m, a, eff), Options(), Progress(), steps=20)
+        p = simulate(m.strategy, w, cluster_for(m, a, eff), m.options or Options(), Progress(), steps=20)
         err = (p.step_s - m.step_s) / m.step_s
         errs.append(abs(err))
         key = m.run.parent.name

@@ -98,3 +98,26 @@ def test_calibration_fits_progress_factors_against_allreduce():
     f = fit_progress(runs)
     assert f["allreduce"] == 1.0 and f["ring-topk"] == pytest.approx((55 / 97 + 0.6) / 2, abs=1e-3)
     assert "powersgd" not in f and "ps-async" not in f  # never reached; asynchronous pushes are priced by staleness
+
+
+def test_a_periodic_run_is_measured_over_whole_periods_with_its_own_options(tmp_path):
+    """DiLoCo's median step is an inner step; its mean over periods carries the outer all-reduce,
+    which is what the simulator predicts (and the run's H, not the default, is what it is told)."""
+    import yaml
+
+    from ringps.config import Config
+    from ringps.sim.calibrate import read_run
+
+    cfg = Config().model_dump(mode="json")
+    cfg["strategy"].update(strategy="diloco", local_period=4)
+    cfg["run"]["net"] = "100mbit"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "summary.json").write_text(json.dumps({"step_s_median": 0.1, "time_to_accuracy_s": None}))
+    t, rows = 0.0, []
+    for step in range(1, 10):  # 0.1 s inner steps, every 4th 1.3 s (the outer all-reduce)
+        t += 1.3 if step % 4 == 0 else 0.1
+        rows.append({"kind": "step", "worker": 0, "step": step, "t": t, "compute_s": 0.1})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    m = read_run(tmp_path)
+    assert m.options.local_period == 4
+    assert m.step_s == pytest.approx((3 * 0.1 + 1.3) / 4)  # steps 1..9: two whole periods from step 1

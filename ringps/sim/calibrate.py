@@ -18,7 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import yaml
 
@@ -41,6 +41,19 @@ class Measured:
     seed: int
     model: str
     extra: dict
+    options: Any = None  # engine Options of the run's own settings (H, density, rank...); None: defaults
+
+
+def options_of(cfg: dict):
+    """The simulator's Options from a run's config.yaml: what the run itself was told."""
+    from ringps.sim.engine import Options
+
+    st, cp = cfg["strategy"], cfg.get("compress", {})
+    return Options(density=cp.get("density", 0.01), powersgd_rank=st.get("powersgd_rank", 4),
+                   local_period=st.get("local_period", 8), bucket_cap_mb=st.get("bucket_cap_mb", 25.0),
+                   dense_below=cp.get("dense_below", 1 << 17),
+                   value_bytes=2 if cp.get("value_dtype") in ("fp16", "bf16") else 4,
+                   staleness_threshold=(cfg.get("ps") or {}).get("staleness_threshold"))
 
 
 def read_run(run: Path) -> Measured:
@@ -54,13 +67,21 @@ def read_run(run: Path) -> Measured:
     slow = cfg["run"].get("slowdown")
     fastest = min(range(cfg["run"]["workers"]), key=lambda w: (slow or [1] * 256)[w])
     comp = [r["compute_s"] for r in steps if r["worker"] == fastest]
+    step_s = s.get("step_s_median") or 0.0
+    strategy = cfg["strategy"]["strategy"]
+    if strategy in ("localsgd", "diloco"):  # one step in H carries the average: the mean over whole periods
+        h = cfg["strategy"]["local_period"]
+        skip = cfg["strategy"]["local_warmup_steps"] if strategy == "localsgd" else 0
+        ts = [r["t"] for r in sorted((r for r in steps if r["worker"] == fastest), key=lambda r: r["step"])][skip:]
+        n = (len(ts) - 1) // h * h
+        step_s = (ts[n] - ts[0]) / n if n else step_s
     target = cfg["train"].get("target_accuracy")
     reached = next((r["step"] for r in rows if r["kind"] == "eval" and target and r["accuracy"] >= target), None)
-    return Measured(run, cfg["strategy"]["strategy"], cfg["run"]["workers"], cfg["run"]["servers"], cfg["run"].get("net"),
-                    slow, statistics.median(comp) if comp else 0.0, s.get("step_s_median") or 0.0, reached,
+    return Measured(run, strategy, cfg["run"]["workers"], cfg["run"]["servers"], cfg["run"].get("net"),
+                    slow, statistics.median(comp) if comp else 0.0, step_s, reached,
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
-                     "pushes_dropped": s.get("pushes_dropped")})
+                     "pushes_dropped": s.get("pushes_dropped")}, options_of(cfg))
 
 
 def processes(m: Measured) -> int:
@@ -83,7 +104,7 @@ def predict_step(m: Measured, w, a: float, efficiency: float) -> float:
     from ringps.sim.engine import Options
     from ringps.sim.predict import Progress, simulate
 
-    return simulate(m.strategy, w, cluster_for(m, a, efficiency), Options(), Progress(), steps=12).step_s
+    return simulate(m.strategy, w, cluster_for(m, a, efficiency), m.options or Options(), Progress(), steps=12).step_s
 
 
 def fit_efficiency(runs: list[Measured], w, a: float) -> float:
