@@ -29,7 +29,7 @@ from rich.table import Table
 from ringps.sim.calibrate import cluster_for, fit_compute, fit_efficiency, read_run
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options
-from ringps.sim.predict import Progress, simulate
+from ringps.sim.predict import Progress, load_progress, simulate
 from ringps.sim.workload import load_workload
 
 STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-async", "ps-threshold"]
@@ -94,6 +94,42 @@ def validate(runs: list[Path], w) -> list[str]:
     return lines
 
 
+def tta_ranks(folders: list[Path]) -> list[str]:
+    """Time-to-accuracy, predicted against measured, for the runs of other benchmarks' output
+    folders (`ring_topk.py --out DIR`): per setting, the contenders' median measured time against
+    the prediction for their own settings (compute and link efficiency fitted on those runs, the
+    shipped progress model), and Kendall's tau of the two orders."""
+    lines = []
+    for folder in folders:
+        for setting in sorted(p for p in folder.iterdir() if p.is_dir()):
+            runs = [read_run(r) for r in sorted(setting.iterdir()) if (r / "summary.json").is_file()]
+            if not runs:
+                continue
+            w = load_workload(runs[0].model)
+            a = fit_compute(runs, w.compute_s)
+            eff = fit_efficiency(runs, w, a)
+            by_label: dict[str, list] = {}
+            for m in runs:
+                by_label.setdefault(m.run.name.rsplit("-r", 1)[0], []).append(m)
+            t = Table("contender", "measured s (median)", "predicted s", title=f"{folder.name}/{setting.name}: time to the target")
+            pairs = []
+            for label, ms in by_label.items():
+                meas = [m.time_to_accuracy_s for m in ms if m.time_to_accuracy_s is not None]
+                if len(meas) * 2 <= len(ms):
+                    t.add_row(label, "not reached (median)", "")
+                    continue
+                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], a, eff), ms[0].options, load_progress(None),
+                                steps=20).extra["time_to_accuracy_s"]
+                pairs.append((statistics.median(meas), pred))
+                t.add_row(label, f"{statistics.median(meas):.1f}", f"{pred:.1f}" if pred else "-")
+            console.print(t)
+            pairs = [(x, y) for x, y in pairs if y is not None]
+            tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
+            lines.append(f"{folder.name}/{setting.name}: Kendall tau of the contenders' order by time-to-accuracy, "
+                         f"predicted against measured: {tau:.2f} over {len(pairs)} contenders (bar 0.8)")
+    return lines
+
+
 def scaling(out: Path) -> list[str]:
     import matplotlib
 
@@ -152,6 +188,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=12, help="steps per grid run")
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
+                   help="output folders of benchmarks/ring_topk.py: rank their contenders by predicted time-to-accuracy")
     add_out_arg(p)
     args = p.parse_args()
     out = args.out or Path("runs") / "bench-sim"
@@ -160,7 +198,7 @@ def main() -> None:
     lines = []
     if not args.skip_grid:
         lines += validate(grid(args), load_workload("facenet"))
-    lines += scaling(out) + published()
+    lines += tta_ranks(args.tta) + scaling(out) + published()
     for line in lines:
         console.print(line)
     (out / "report.txt").write_text("\n".join(lines) + "\n")

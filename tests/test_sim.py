@@ -121,3 +121,17 @@ def test_a_periodic_run_is_measured_over_whole_periods_with_its_own_options(tmp_
     m = read_run(tmp_path)
     assert m.options.local_period == 4
     assert m.step_s == pytest.approx((3 * 0.1 + 1.3) / 4)  # steps 1..9: two whole periods from step 1
+
+
+def test_warm_up_steps_are_priced_as_what_they_run():
+    """PowerSGD's first steps are plain all-reduce: at 100 Mbit/s they dominate a short run."""
+    w, c = load_workload("facenet"), ClusterSpec(workers=4, net="100mbit")
+    prog = Progress(dense_steps=55, factor={"powersgd": 1.0})
+    cold = simulate("powersgd", w, c, Options(powersgd_start_iter=10), prog, steps=6)
+    none = simulate("powersgd", w, c, Options(powersgd_start_iter=0), prog, steps=6)
+    dense = simulate("allreduce", w, c, Options(), prog, steps=6)
+    assert cold.step_s == pytest.approx(none.step_s)  # the steady state is the same
+    extra = cold.extra["time_to_accuracy_s"] - none.extra["time_to_accuracy_s"]
+    assert extra == pytest.approx(10 * (dense.step_s - none.step_s), rel=0.02)
+    # ring-topk's density ramp: 2 epochs of 280 samples at 16 x 4 a step = 10 steps
+    assert simulate("ring-topk", w, c, Options(), prog, steps=6).extra["warmup_steps"] == 10

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--local-period", type=int, default=8)
     p.add_argument("--staleness-threshold", type=int)
+    p.add_argument("--powersgd-start-iter", type=int, default=10, help="PowerSGD's plain all-reduce steps first")
+    p.add_argument("--local-warmup-steps", type=int, default=20, help="localsgd's global all-reduce steps first")
+    p.add_argument("--density-warmup-epochs", type=float, default=2.0, help="ring-topk's density ramp (epochs)")
     p.add_argument("--steps", type=int, default=30, help="steps (pushes per worker) simulated")
     p.add_argument("--progress", help="progress model YAML (default: the one calibrated here)")
     p.add_argument("--trace", metavar="DIR", help="write the predicted timelines (trace/sim-rank-R.json) there")
@@ -58,7 +61,8 @@ def options(args: argparse.Namespace):
     from ringps.sim.engine import Options
 
     return Options(density=args.density, powersgd_rank=args.powersgd_rank, local_period=args.local_period,
-                   staleness_threshold=args.staleness_threshold)
+                   staleness_threshold=args.staleness_threshold, powersgd_start_iter=args.powersgd_start_iter,
+                   local_warmup_steps=args.local_warmup_steps, density_warmup_epochs=args.density_warmup_epochs)
 
 
 def strategies(spec: str) -> list[str]:

@@ -53,6 +53,8 @@ def options_of(cfg: dict):
                    local_period=st.get("local_period", 8), bucket_cap_mb=st.get("bucket_cap_mb", 25.0),
                    dense_below=cp.get("dense_below", 1 << 17),
                    value_bytes=2 if cp.get("value_dtype") in ("fp16", "bf16") else 4,
+                   powersgd_start_iter=st.get("powersgd_start_iter", 10), local_warmup_steps=st.get("local_warmup_steps", 20),
+                   density_warmup_epochs=cp.get("density_warmup_epochs", 2.0),
                    staleness_threshold=(cfg.get("ps") or {}).get("staleness_threshold"))
 
 

@@ -45,6 +45,10 @@ class Options:
     dense_below: int = 1 << 17
     sparse_progress: float = 0.57
     value_bytes: int = 4
+    # warm-ups, as `ringps train` runs them: their steps cost more than the steady state's
+    powersgd_start_iter: int = 10  # plain all-reduce steps first
+    local_warmup_steps: int = 20  # localsgd: global gradient all-reduce first
+    density_warmup_epochs: float = 2.0  # ring-topk, topk-allgather: density 0.25 -> --density
     cpu: CostParams = field(default_factory=CostParams)  # the device's CPU constants (selection etc.)
 
 

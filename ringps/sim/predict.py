@@ -12,6 +12,8 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -61,7 +63,22 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
         rate = pred.extra.get("pushes_per_s") or n / pred.step_s
         return pushes / rate / prog.steps_factor(pred.strategy)
     steps = dense * prog.workers_ref / n / prog.steps_factor(pred.strategy)
-    return steps * pred.step_s
+    warm = min(steps, pred.extra.get("warmup_steps", 0))
+    return warm * pred.extra.get("warmup_step_s", pred.step_s) + (steps - warm) * pred.step_s
+
+
+def warmup(strategy: str, w: Workload, c: ClusterSpec, o: Options) -> tuple[int, str, Options]:
+    """How many steps a strategy spends in its warm-up, and what such a step is: PowerSGD's and
+    post-local SGD's first steps are plain all-reduce; ring-topk's density falls from 0.25 to
+    --density over its warm-up epochs (priced here at the ramp's geometric middle)."""
+    if strategy == "powersgd":
+        return o.powersgd_start_iter, "allreduce", o
+    if strategy == "localsgd":
+        return o.local_warmup_steps, "allreduce", o
+    if strategy in ("ring-topk", "topk-allgather") and w.samples and o.density_warmup_epochs > 0:
+        per_epoch = math.ceil(w.samples / (w.batch * c.workers))
+        return round(o.density_warmup_epochs * per_epoch), strategy, replace(o, density=math.sqrt(0.25 * o.density))
+    return 0, strategy, o
 
 
 def scaled(w: Workload, factor: float) -> Workload:
@@ -79,6 +96,10 @@ def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progr
         pred = run_ps(strategy, w, c, o, max(4, min(steps, 4096 // c.workers + 4)), seed)
     else:
         pred = run_sync(strategy, w, c, o, steps, seed)
+        n, kind, warm_o = warmup(strategy, w, c, o)
+        if n:
+            pred.extra["warmup_steps"] = n
+            pred.extra["warmup_step_s"] = run_sync(kind, w, c, warm_o, min(steps, 12), seed).step_s
     pred.extra["time_to_accuracy_s"] = time_to_accuracy(pred, w, prog)
     if trace_dir is not None:
         trace_out.write(trace_dir, pred, w, c)

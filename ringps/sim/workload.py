@@ -50,6 +50,7 @@ class Workload(BaseModel):
     batch: int = Field(ge=1)
     step_s: Optional[float] = Field(None, gt=0)
     steps_to_target: Optional[float] = Field(None, gt=0)
+    samples: Optional[int] = Field(None, ge=1)  # training samples (epoch-based warm-ups); None: not known
     layers: list[Layer]
 
     @model_validator(mode="after")
