@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     batch = next(iter(ShardedLoader(data.train, 0, 1, args.batch_size, 0).epoch(0)))
     prof = profile_model(model, batch.inputs, batch.targets, reps=5)
     w = from_profile(prof, f"{args.model} on {args.dataset}", f"{platform.processor() or platform.machine()}, 1 thread",
-                     args.steps_to_target)
+                     args.steps_to_target, samples=len(data.train.images))
     w.save(args.out)
     print(f"{args.out}: {len(w.layers)} layers, {w.params / 1e6:.2f} M parameters, {w.compute_s * 1e3:.1f} ms per step")
     return 0

@@ -100,9 +100,10 @@ def load_workload(spec: str) -> Workload:
         raise ConfigError(f"--profile {spec}: {where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
 
 
-def from_profile(prof, name: str, device: str, steps_to_target: Optional[float] = None) -> Workload:
-    """A measured `ringps.schedule.profile.Profile` as a workload."""
+def from_profile(prof, name: str, device: str, steps_to_target: Optional[float] = None,
+                 samples: Optional[int] = None) -> Workload:
+    """A measured `ringps.schedule.profile.Profile` as a workload (`samples`: the training set's size)."""
     layers = [Layer(name=l.name, kind=l.kind, params=l.params, forward_s=l.forward_s, backward_s=l.backward_s,
                     in_features=l.in_features, out_features=l.out_features) for l in prof.layers]
     return Workload(name=name, device=device, source="measured by ringps profile", batch=prof.batch,
-                    steps_to_target=steps_to_target, layers=layers)
+                    steps_to_target=steps_to_target, samples=samples, layers=layers)
