@@ -26,6 +26,7 @@ from pathlib import Path
 from common import add_out_arg, console, guarded, run_matrix
 from rich.table import Table
 
+from ringps.sim.auto import rank
 from ringps.sim.calibrate import cluster_for, fit_compute, fit_efficiency, read_run
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options
@@ -127,6 +128,15 @@ def tta_ranks(folders: list[Path]) -> list[str]:
             tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
             lines.append(f"{folder.name}/{setting.name}: Kendall tau of the contenders' order by time-to-accuracy, "
                          f"predicted against measured: {tau:.2f} over {len(pairs)} contenders (bar 0.8)")
+            # --strategy auto on this cluster: its pick against the best measured contender
+            pick = rank(w, cluster_for(runs[0], a, eff), load_progress(None))[0].strategy
+            measured = {label: statistics.median(x) for label, ms in by_label.items()
+                        if len(x := [m.time_to_accuracy_s for m in ms if m.time_to_accuracy_s is not None]) * 2 > len(ms)}
+            best = min(measured, key=measured.get)
+            verdict = (f"{measured[pick]:.1f}s vs the best, {best}, {measured[best]:.1f}s: "
+                       f"{'within' if measured[pick] <= 1.1 * measured[best] else 'NOT within'} 10%"
+                       if pick in measured else "not among the measured contenders")
+            lines.append(f"{folder.name}/{setting.name}: --strategy auto picks {pick}; {verdict}")
     return lines
 
 
