@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ringps import trace
 from ringps.registry import Registry
 
 STRATEGIES: Registry = Registry("strategy")
@@ -96,6 +97,23 @@ class Strategy:
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: WorkerContext) -> None:
         self.model, self.optimizer, self.ctx = model, optimizer, ctx
+
+    def forward(self, module: nn.Module, batch) -> tuple[torch.Tensor, float, float]:
+        """zero_grad, the forward pass and --slowdown's stretch, traced; returns the loss, the
+        forward's start and the stretch's end (perf_counter seconds)."""
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = loss_of(module, batch, self.ctx.device)
+        t1 = time.perf_counter()
+        pause = self.ctx.stretch(t1 - t0)
+        t2 = time.perf_counter()
+        self.forward_s = t1 - t0  # the stretch's base, with the backward's time (Stretch.last_compute_s)
+        tr = trace.get()
+        if tr.enabled:
+            tr.add("forward", "compute", t0, t1)
+            if pause:
+                tr.add("slowdown", "compute", t1, t2, factor=self.ctx.stretch.factor)
+        return loss, t0, t2
 
     def step(self, batch) -> StepStats:
         raise NotImplementedError

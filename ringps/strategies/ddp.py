@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringps import trace
 from ringps.hooks import OrderedHook, TimedHook
-from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
+from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext
 
 
 class DDPStrategy(Strategy):
@@ -55,12 +55,7 @@ class DDPStrategy(Strategy):
         self.ddp.register_comm_hook(self.hook_state, self.hook)
 
     def step(self, batch) -> StepStats:
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=False)
-        loss = loss_of(self.ddp, batch, self.ctx.device)
-        t1 = time.perf_counter()
-        pause = self.ctx.stretch(t1 - t0)
-        t2 = time.perf_counter()
+        loss, t0, t2 = self.forward(self.ddp, batch)
         loss.backward()  # buckets are handed to the hook as they become ready
         t3 = time.perf_counter()
         self.optimizer.step()
@@ -68,13 +63,10 @@ class DDPStrategy(Strategy):
         after = self.after_step()  # communication after the step (local SGD's model averaging)
         ready = max(self.hook.last_ready, t2)
         compute = (t2 - t0) + (ready - t2) + (t4 - t3)  # the stretch as slept, not as asked for
-        self.ctx.stretch.last_compute_s = (t1 - t0) + (ready - t2)
+        self.ctx.stretch.last_compute_s = self.forward_s + (ready - t2)
         extra = self.step_extra()
         tr = trace.get()
-        if tr.enabled:  # the spans add up to compute_s and exposed_s exactly
-            tr.add("forward", "compute", t0, t1)
-            if pause:
-                tr.add("slowdown", "compute", t1, t2, factor=self.ctx.stretch.factor)
+        if tr.enabled:  # with forward's spans, these add up to compute_s and exposed_s exactly
             tr.add("backward", "compute", t2, ready)
             tr.add("exposed communication", "comm", ready, t3)
             tr.add("optimizer", "compute", t3, t4)

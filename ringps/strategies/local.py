@@ -32,7 +32,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from ringps import trace
 from ringps.cost import ring_bytes
 from ringps.hooks import TimedHook
-from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext, loss_of
+from ringps.strategies.base import STRATEGIES, StepStats, Strategy, WorkerContext
 from ringps.strategies.ddp import DDPStrategy
 
 
@@ -128,12 +128,7 @@ class DiLoCo(Strategy):
         return int(ring_bytes(delta.numel(), n, delta.element_size()))
 
     def step(self, batch) -> StepStats:
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=False)
-        loss = loss_of(self.model, batch, self.ctx.device)
-        t1 = time.perf_counter()
-        pause = self.ctx.stretch(t1 - t0)
-        t2 = time.perf_counter()
+        loss, t0, t2 = self.forward(self.model, batch)
         loss.backward()
         tb = time.perf_counter()
         self.optimizer.step()
@@ -141,12 +136,9 @@ class DiLoCo(Strategy):
         self.inner_steps += 1
         sent = self.sync() if self.inner_steps % self.cfg.strategy.local_period == 0 else 0
         t4 = time.perf_counter()
-        self.ctx.stretch.last_compute_s = (t1 - t0) + (t3 - t2)
+        self.ctx.stretch.last_compute_s = self.forward_s + (t3 - t2)
         tr = trace.get()
         if tr.enabled:  # the same spans as DDP's step, the outer step as communication
-            tr.add("forward", "compute", t0, t1)
-            if pause:
-                tr.add("slowdown", "compute", t1, t2, factor=self.ctx.stretch.factor)
             tr.add("backward", "compute", t2, tb)
             tr.add("optimizer", "compute", tb, t3)
             if sent:
