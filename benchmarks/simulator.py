@@ -27,7 +27,7 @@ from common import add_out_arg, console, guarded, run_matrix
 from rich.table import Table
 
 from ringps.sim.auto import rank
-from ringps.sim.calibrate import cluster_for, fit_compute, fit_efficiency, read_run
+from ringps.sim.calibrate import cluster_for, fit_compute, fit_cpu, fit_efficiency, read_run
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options
 from ringps.sim.predict import Progress, load_progress, simulate
@@ -74,12 +74,13 @@ def validate(runs: list[Path], w) -> list[str]:
     test = [m for m in measured if m.workers != 2]
     a = fit_compute(calib, w.compute_s)
     eff = fit_efficiency(calib, w, a)
-    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {a:.3f} x profile x contention, link efficiency "
-             f"{eff:.3f}; validated on {len(test)} cells with 3-4 workers"]
+    cpu = fit_cpu(calib, w, a, eff)
+    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {a:.3f} x profile per whole core, link efficiency "
+             f"{eff:.3f}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"]
     t = Table("cell", "strategy", "measured step s", "predicted", "error", title="validation (not used to calibrate)")
     errs, by_setting = [], {}
     for m in test:
-        p = simulate(m.strategy, w, cluster_for(m, a, eff), m.options or Options(), Progress(), steps=20)
+        p = simulate(m.strategy, w, cluster_for(m, a, eff), m.options or Options(), Progress(cpu_s=cpu), steps=20)
         err = (p.step_s - m.step_s) / m.step_s
         errs.append(abs(err))
         key = m.run.parent.name
@@ -109,6 +110,7 @@ def tta_ranks(folders: list[Path]) -> list[str]:
             w = load_workload(runs[0].model)
             a = fit_compute(runs, w.compute_s)
             eff = fit_efficiency(runs, w, a)
+            prog = load_progress(None).model_copy(update={"cpu_s": fit_cpu(runs, w, a, eff)})
             by_label: dict[str, list] = {}
             for m in runs:
                 by_label.setdefault(m.run.name.rsplit("-r", 1)[0], []).append(m)
@@ -119,7 +121,7 @@ def tta_ranks(folders: list[Path]) -> list[str]:
                 if len(meas) * 2 <= len(ms):
                     t.add_row(label, "not reached (median)", "")
                     continue
-                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], a, eff), ms[0].options, load_progress(None),
+                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], a, eff), ms[0].options, prog,
                                 steps=20).extra["time_to_accuracy_s"]
                 pairs.append((statistics.median(meas), pred))
                 t.add_row(label, f"{statistics.median(meas):.1f}", f"{pred:.1f}" if pred else "-")
@@ -129,13 +131,14 @@ def tta_ranks(folders: list[Path]) -> list[str]:
             lines.append(f"{folder.name}/{setting.name}: Kendall tau of the contenders' order by time-to-accuracy, "
                          f"predicted against measured: {tau:.2f} over {len(pairs)} contenders (bar 0.8)")
             # --strategy auto on this cluster: its pick against the best measured contender
-            pick = rank(w, cluster_for(runs[0], a, eff), load_progress(None))[0].strategy
+            pick = rank(w, cluster_for(runs[0], a, eff), prog)[0].strategy
             measured = {label: statistics.median(x) for label, ms in by_label.items()
                         if len(x := [m.time_to_accuracy_s for m in ms if m.time_to_accuracy_s is not None]) * 2 > len(ms)}
             best = min(measured, key=measured.get)
             verdict = (f"{measured[pick]:.1f}s vs the best, {best}, {measured[best]:.1f}s: "
                        f"{'within' if measured[pick] <= 1.1 * measured[best] else 'NOT within'} 10%"
-                       if pick in measured else "not among the measured contenders")
+                       if pick in measured else "measured, but its median run never reached the target"
+                       if pick in by_label else "not among the measured contenders")
             lines.append(f"{folder.name}/{setting.name}: --strategy auto picks {pick}; {verdict}")
     return lines
 

@@ -52,6 +52,56 @@ def test_a_slow_worker_holds_a_synchronous_step_and_makes_async_pushes_stale():
     assert a.step_s < slow.step_s  # nobody waits for the slow one
 
 
+def test_processor_sharing_against_hand_computed_phases():
+    from ringps.sim.cpu import Phase, share
+
+    # 3 workers of 1 s of CPU on 2 cores: each at 2/3 of a core, all done at 1.5 s
+    ph = [[Phase(True, 1.0)] for _ in range(3)]
+    share(ph, 2)
+    assert [p[0].end for p in ph] == pytest.approx([1.5] * 3)
+    # one of them sleeps 1 s first: the other two run alone (rate 1) and end at 1 s, then the
+    # sleeper computes alone and ends at 2 s; half of its work is done at 1.5 s
+    ph = [[Phase(True, 1.0)], [Phase(True, 1.0)], [Phase(False, 1.0), Phase(True, 1.0)]]
+    share(ph, 2)
+    assert [p[-1].end for p in ph] == pytest.approx([1.0, 1.0, 2.0]) and ph[2][1].time_at(0.5) == pytest.approx(1.5)
+    # 4 workers of 1 s on 2 cores, then one sleeps 3 s before 1 s of backward: the first phase at
+    # rate 1/2 (2 s), the other three's backward at 2/3 (3.5 s), the sleeper's alone (6 s); without
+    # sharing 5 s
+    ph = [[Phase(True, 1.0), Phase(False, 3.0 if i == 3 else 0.0), Phase(True, 1.0)] for i in range(4)]
+    share(ph, 2)
+    assert ph[3][2].end == pytest.approx(6.0) and ph[0][2].end == pytest.approx(3.5)
+    share(ph2 := [[Phase(True, 1.0), Phase(False, 3.0), Phase(True, 1.0)]], None)
+    assert ph2[0][2].end == pytest.approx(5.0)
+
+
+def test_an_emulated_slow_worker_sleeps_and_frees_the_shared_cores():
+    """ringps's --slowdown sleeps (f-1) x the last compute on a machine whose cores the workers share:
+    the slow worker computes alone while the others wait, so its step is well under f x the
+    all-busy compute, which is what a static contention factor predicts."""
+    w, o = toy(), Options()
+    static = simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit", slowdown=[1, 1, 1, 4], compute_scale=2.0), o,
+                      Progress(), steps=10)
+    shared = simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit", slowdown=[1, 1, 1, 4], shared_cores=2), o,
+                      Progress(), steps=10)
+    even = simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit", shared_cores=2), o, Progress(), steps=10)
+    assert static.step_s == pytest.approx(8.0, rel=0.05) and even.step_s == pytest.approx(2.0, rel=0.05)
+    # forward 0.25 s at half a core (0.5 s), backward 0.75 s alone; the stretch, 3 x (0.5 + 0.75)
+    assert shared.step_s == pytest.approx(0.5 + 3 * 1.25 + 0.75, rel=0.05)
+
+
+def test_calibration_fits_a_strategys_own_cpu_from_what_the_model_misses():
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured, fit_cpu, predict_step
+
+    w = load_workload("facenet")
+    m = Measured(Path("/r/p"), "powersgd", 2, 1, "10gbit", None, 0.2, 0.0, None, None, 0, "facenet", {})
+    m.step_s = predict_step(m, w, 2.0, 0.9) + 0.06  # 60 ms of PowerSGD's products the model does not itemise
+    cpu = fit_cpu([m], w, 2.0, 0.9)
+    assert cpu["powersgd"] == pytest.approx(0.06, abs=2e-3)
+    assert predict_step(m, w, 2.0, 0.9, cpu) == pytest.approx(m.step_s, rel=0.02)
+
+
 def test_compression_shortens_a_communication_bound_step():
     w, c, o = load_workload("facenet"), ClusterSpec(workers=4, net="100mbit"), Options()
     ar = simulate("allreduce", w, c, o, Progress(), steps=5)

@@ -24,7 +24,7 @@ from ringps.errors import ConfigError
 
 HELP = "predict step time and time-to-accuracy of every strategy on a cluster (discrete events + alpha-beta)"
 CLUSTER_KEYS = ("workers", "net", "latency_s", "node_size", "intra_net", "slowdown", "jitter", "servers", "server_net",
-                "efficiency", "compute_scale")
+                "efficiency", "compute_scale", "shared_cores")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=int)
     p.add_argument("--server-net")
     p.add_argument("--efficiency", type=float, help="payload per configured link bit (calibrated: --calibrate)")
-    p.add_argument("--compute-scale", type=float, help="the profile's compute x this (another device, contention)")
+    p.add_argument("--compute-scale", type=float, help="the profile's compute x this (another device)")
+    p.add_argument("--shared-cores", type=int, help="all workers are processes sharing this many cores (an emulated "
+                   "cluster on one machine, like ringps's own --net runs)")
     p.add_argument("--strategy", default="all", help="comma-separated, or all")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--powersgd-rank", type=int, default=4)

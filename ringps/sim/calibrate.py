@@ -2,10 +2,13 @@
 
 From each run folder (config.yaml, summary.json, metrics.jsonl) it takes the strategy, workers,
 links, slowdown, the median compute and step time per step and the steps to the target, and fits:
-- `compute_scale`: the profile's compute x scale = measured compute, per process-per-core
-  contention (scale = a x contention(processes), one `a` for all runs);
+- `compute_scale` = a: the profile's compute x a = the synchronous runs' measured compute per
+  whole core (their workers share this machine's cores, which the simulator then models itself:
+  sim/cpu.py), one `a` for all runs;
 - `efficiency`: payload per configured link bit, the one value that makes the dense runs'
   predicted step times match on shaped links (a 1-D search, median over runs);
+- `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
+  itemises (PowerSGD's products and error feedback): measured less predicted step, median;
 - progress: each strategy's steps to the target against allreduce's in the same setting and seed
   (`factor`), and `staleness_a` of asynchronous pushes (a 1-D search on the ps-* runs).
 It prints how well the fit holds: predicted against measured step time, run by run.
@@ -22,7 +25,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ringps.cost import contention
+from ringps.cost import contention, cores
 from ringps.errors import ConfigError
 
 
@@ -86,27 +89,28 @@ def read_run(run: Path) -> Measured:
                      "pushes_dropped": s.get("pushes_dropped")}, options_of(cfg))
 
 
-def processes(m: Measured) -> int:
-    return m.workers + (m.servers if m.strategy.startswith("ps-") else 0)
-
-
 def fit_compute(runs: list[Measured], profile_s: float) -> float:
-    """`a` in compute_scale = a x contention(processes)."""
-    return statistics.median(m.compute_s / (profile_s * contention(processes(m))) for m in runs if m.compute_s)
+    """`a` in compute_scale = a: the fastest worker's compute of the synchronous runs against the
+    profile's, per the cores it had (every worker computes at once there; the simulator shares
+    the cores itself, sim/cpu.py)."""
+    sync = [m for m in runs if m.compute_s and not m.strategy.startswith("ps-")] or [m for m in runs if m.compute_s]
+    return statistics.median(m.compute_s / (profile_s * contention(m.workers)) for m in sync)
 
 
 def cluster_for(m: Measured, a: float, efficiency: float):
+    """The cluster a measured run ran on: ringps's emulated one, every process on this machine's cores."""
     from ringps.sim.cluster import ClusterSpec
 
     return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
-                       compute_scale=a * contention(processes(m)), efficiency=efficiency, latency_s=2e-4)
+                       compute_scale=a, shared_cores=cores(), efficiency=efficiency, latency_s=2e-4)
 
 
-def predict_step(m: Measured, w, a: float, efficiency: float) -> float:
+def predict_step(m: Measured, w, a: float, efficiency: float, cpu: Optional[dict] = None) -> float:
     from ringps.sim.engine import Options
     from ringps.sim.predict import Progress, simulate
 
-    return simulate(m.strategy, w, cluster_for(m, a, efficiency), m.options or Options(), Progress(), steps=12).step_s
+    return simulate(m.strategy, w, cluster_for(m, a, efficiency), m.options or Options(), Progress(cpu_s=cpu or {}),
+                    steps=12).step_s
 
 
 def fit_efficiency(runs: list[Measured], w, a: float) -> float:
@@ -120,6 +124,18 @@ def fit_efficiency(runs: list[Measured], w, a: float) -> float:
             lo, hi = (mid, hi) if predict_step(m, w, a, mid) > m.step_s else (lo, mid)
         fits.append((lo + hi) / 2)
     return statistics.median(fits) if fits else 0.95
+
+
+def fit_cpu(runs: list[Measured], w, a: float, efficiency: float) -> dict[str, float]:
+    """Per synchronous strategy, the CPU seconds per step its exchange spends beyond what the model
+    itemises (PowerSGD's matrix products and error feedback; copies): the median over its runs of
+    measured less predicted step time, where positive. On this machine and model only."""
+    out: dict[str, list[float]] = {}
+    for m in runs:
+        if m.strategy.startswith("ps-") or m.strategy in ("localsgd", "diloco") or not m.step_s:
+            continue
+        out.setdefault(m.strategy, []).append(max(0.0, m.step_s - predict_step(m, w, a, efficiency)))
+    return {k: round(statistics.median(v), 4) for k, v in out.items()}
 
 
 def fit_progress(runs: list[Measured]) -> dict[str, float]:
@@ -142,12 +158,14 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     w = load_workload(models.pop())
     a = fit_compute(runs, w.compute_s)
     eff = fit_efficiency(runs, w, a)
+    cpu = fit_cpu(runs, w, a, eff)
     factor = fit_progress(runs)
     dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
-    console.print(f"compute: measured = {a:.3f} x profile x contention(processes per core); links: efficiency {eff:.3f}")
+    console.print(f"compute: measured = {a:.3f} x profile per whole core ({cores()} cores shared by each run's "
+                  f"processes); links: efficiency {eff:.3f}; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:
-        p = predict_step(m, w, a, eff)
+        p = predict_step(m, w, a, eff, cpu)
         err = (p - m.step_s) / m.step_s if m.step_s else math.nan
         errors.append(abs(err))
         console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
@@ -155,7 +173,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}")
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            "workers_ref": runs[0].workers, "dense_steps": statistics.median(dense) if dense else None,
-           "factor": factor, "staleness_a": 0.1, "compute_a": round(a, 4), "efficiency": round(eff, 4)}
+           "factor": factor, "staleness_a": 0.1, "compute_a": round(a, 4), "efficiency": round(eff, 4), "cpu_s": cpu}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
         console.print(f"written: {out}")

@@ -11,7 +11,9 @@ same keys, validated like every other config.
     servers: 4                # parameter-server strategies
     server_net: 10gbit        # default: net
     efficiency: 0.95          # payload per configured link bit (--calibrate fits it)
-    compute_scale: 1.0        # the profile's compute x this (another device; CPU contention)
+    compute_scale: 1.0        # the profile's compute x this (another device)
+    shared_cores: 2           # optional: every worker is a process on one machine with this many
+                              # cores (an emulated cluster like ringps's own): they share them
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class ClusterSpec(BaseModel):
     servers: int = Field(1, ge=1)
     server_net: Optional[str] = None
     efficiency: float = Field(0.95, gt=0, le=1)  # payload per configured link bit (calibrated)
-    compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device, CPU contention)
+    compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device)
+    shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
 
     @field_validator("net", "intra_net", "server_net")
     @classmethod

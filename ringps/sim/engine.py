@@ -1,8 +1,9 @@
 """The simulator's engine: one strategy on one cluster, step by step, as discrete events (SimPy).
 
 Synchronous strategies (allreduce, fp16, powersgd, ring-topk, topk-allgather, localsgd, diloco):
-every worker computes its step (the profile's time x its slowdown x lognormal jitter); each DDP
-bucket's gradients are ready when the layers in it are done in the backward pass (readiness
+every worker computes its step (the profile's time x its slowdown x lognormal jitter, plus the
+strategy's own CPU work; on an emulated cluster's shared cores, processor-shared: cpu.py); each
+DDP bucket's gradients are ready when the layers in it are done in the backward pass (readiness
 order); a bucket's collective starts once every worker has it and the previous one is done, and
 takes its closed-form time (collectives.py); the step ends when the slowest worker's compute
 and the last collective are both done. Local SGD and DiLoCo average the model every H steps.
@@ -26,6 +27,7 @@ from ringps.comm.exchanges import choose_exchange, price
 from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
+from ringps.sim.cpu import Phase, share
 from ringps.sim.workload import Workload
 
 SYNC = ("allreduce", "fp16", "powersgd", "ring-topk", "topk-allgather", "localsgd", "diloco")
@@ -50,6 +52,9 @@ class Options:
     local_warmup_steps: int = 20  # localsgd: global gradient all-reduce first
     density_warmup_epochs: float = 2.0  # ring-topk, topk-allgather: density 0.25 -> --density
     cpu: CostParams = field(default_factory=CostParams)  # the device's CPU constants (selection etc.)
+    # CPU seconds per step of the strategy's own work that the model does not itemise (PowerSGD's
+    # matrix products and error feedback, copies): fitted by --calibrate, 0 unless given
+    extra_cpu_s: float = 0.0
 
 
 @dataclass
@@ -123,6 +128,18 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     return wire + cost.cpu_s + t_small, cost.bytes_sent + small * 4
 
 
+def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,
+                  last: Optional[float]) -> list[Phase]:
+    """One worker's step: forward, the slowdown, backward, the strategy's CPU work (compression).
+    On a real cluster a worker f times slower computes f times longer; in ringps's emulated one
+    (`shared_cores`) it sleeps (f-1) x its last compute after the forward, as Stretch does, and
+    the sleep frees its core for the others."""
+    if c.shared_cores:
+        pause = (f - 1) * (last if last is not None else 3 * fwd * j)
+        return [Phase(True, fwd * j), Phase(False, pause), Phase(True, bwd * j), Phase(True, extra)]
+    return [Phase(True, fwd * f * j), Phase(False, 0.0), Phase(True, bwd * f * j), Phase(True, extra * f)]
+
+
 def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int, seed: int) -> Prediction:
     env, rng = simpy.Environment(), random.Random(seed)
     slow = c.slowdowns()
@@ -134,19 +151,23 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     sent_per_step = (ring_bytes(w.params, c.workers) / o.local_period if local
                      else sum(x for _, x in comm))
     ends, computes = [], []
+    last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
 
     def step(k: int):
-        # each worker's compute: its slowdown and this step's jitter; bucket b is ready on worker i
-        # at fwd_i + ready_b * scale_i
-        scales = [s * (rng.lognormvariate(0, c.jitter) if c.jitter else 1.0) for s in slow]
-        worst = max(scales)
-        computes.append(sum(w.compute_s * x for x in scales) / len(scales))
+        # each worker's phases with its slowdown and this step's jitter, sharing the cores in an
+        # emulated cluster; bucket b is ready when the slowest worker's backward has done ready_b
         t0 = env.now
+        js = [rng.lognormvariate(0, c.jitter) if c.jitter else 1.0 for _ in slow]
+        ph = [worker_phases(c, fwd, bwd, o.extra_cpu_s, f, j, last[i]) for i, (f, j) in enumerate(zip(slow, js))]
+        share(ph, c.shared_cores, t0)
+        for i, p in enumerate(ph):
+            last[i] = (p[0].end - p[0].start) + (p[2].end - p[2].start)
+        computes.append(statistics.mean(p[2].end - t0 for p in ph))
         busy = t0
-        for b, (secs, _) in zip(plan, comm):  # every worker's bucket b: the slowest worker's
-            start = max(busy, t0 + (fwd + b.ready) * worst)
-            busy = start + secs
-        end = max(busy, t0 + w.compute_s * worst)
+        for b, (secs, _) in zip(plan, comm):  # every worker's bucket b, then its collective
+            ready = max(p[2].time_at(b.ready / bwd * p[2].amount if bwd else 0.0) for p in ph)
+            busy = max(busy, ready) + secs
+        end = max(busy, max(p[3].end for p in ph))
         if local:  # the model average every H steps, spread over them (the mean step over a period)
             end += period_s / o.local_period
         yield env.timeout(end - t0)

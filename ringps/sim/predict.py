@@ -35,8 +35,11 @@ class Progress(BaseModel):
     dense_steps: Optional[float] = Field(None, gt=0)  # None: the workload's steps_to_target
     factor: dict[str, float] = {}
     staleness_a: float = Field(0.1, ge=0)
-    compute_a: Optional[float] = None  # calibration: measured compute = a x profile x contention (informational)
+    compute_a: Optional[float] = None  # calibration: measured compute = a x profile per whole core (informational)
     efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
+    # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
+    # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
+    cpu_s: dict[str, float] = {}
 
     def steps_factor(self, strategy: str) -> float:
         return self.factor.get(strategy, 1.0)
@@ -91,6 +94,8 @@ def scaled(w: Workload, factor: float) -> Workload:
 def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progress, steps: int = 30, seed: int = 0,
              trace_dir: Optional[Path] = None) -> Prediction:
     w = scaled(w, c.compute_scale)
+    if strategy in prog.cpu_s and not o.extra_cpu_s:
+        o = replace(o, extra_cpu_s=prog.cpu_s[strategy])
     if strategy in PS:
         # enough pushes for the statistics, not more: at 1,024 workers a few per worker are thousands
         pred = run_ps(strategy, w, c, o, max(4, min(steps, 4096 // c.workers + 4)), seed)

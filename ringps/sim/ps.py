@@ -45,6 +45,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     computes: list[float] = []
     round_done = {"version": 0, "event": env.event(), "arrived": 0}
     slow = c.slowdowns()
+    computing = [0]
 
     def transfer(res, secs):
         with res.request() as req:
@@ -87,8 +88,13 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
             t0 = env.now
             seen = state["version"]
             compute = w.compute_s * slow[i] * (rng.lognormvariate(0, c.jitter) if c.jitter else 1.0)
+            if c.shared_cores:  # an emulated cluster: the cores are shared by the workers computing now
+                computing[0] += 1
+                compute *= max(1.0, computing[0] / c.shared_cores)
             computes.append(compute)
             yield env.timeout(compute)
+            if c.shared_cores:
+                computing[0] -= 1
             yield env.process(push(i, seen))
             cycles.append(env.now - t0)
         clock[i] = 10 ** 9  # a finished worker no longer holds SSP back
