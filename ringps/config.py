@@ -203,7 +203,8 @@ class CompressConfig(Section):
     exchange: str = Field("auto", description="a registered exchange (`ringps list`), or auto: the cost model's "
                           "choice per bucket")
     value_dtype: Literal["fp32", "fp16", "bf16"] = Field(
-        "fp32", description="what selected values travel in (allgather, shared-index); sums stay fp32")
+        "fp32", description="what selected values travel in (allgather, shared-index; sums stay fp32) and "
+        "dense buckets (summed in 16 bits, as DDP's fp16 hook)")
     dense_below: int = Field(1 << 17, ge=0, description="tensors with fewer entries go dense, fused into one message")
     block: int = Field(256, ge=1, description="shared-index: entries per block")
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")

@@ -195,7 +195,7 @@ def sixteen_bit(rank, world, exchange, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exchange", ["allgather", "shared-index"])
+@pytest.mark.parametrize("exchange", ["allgather", "shared-index", "dense"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_sixteen_bit_values_keep_replicas_identical_and_close(exchange, dtype):
     res = run_ranks(sixteen_bit, 3, (exchange, dtype))
@@ -206,6 +206,8 @@ def test_sixteen_bit_values_keep_replicas_identical_and_close(exchange, dtype):
         full = res[0]["fp32"][0][t]
         if t == 0:  # the same selection: the values differ by the rounding alone
             eps = 2 ** -8 if dtype == "bf16" else 2 ** -10  # twice each format's unit roundoff
+            if exchange == "dense":  # summed in 16 bits, as DDP's fp16 hook: the cast and 2 additions round
+                eps *= 3 / 2
             assert (ref - full).abs().max() <= eps * full.abs().max()
         # later the rounding left out of the residual may change a few picks
         assert (ref - full).norm() < 0.05 * full.norm()

@@ -331,24 +331,30 @@ class RingTopkState:
         all-reduce of the whole bucket, small tensors too; a memory that holds something is
         flushed with it (error feedback's residual, DGC's velocity and local momentum). Then the
         memory makes the update of every tensor (DGC: momentum on the average)."""
-        n = self.ring.size
         if all(self.memory.is_clean(t) for t, _ in large):
-            dist.all_reduce(buffer, group=self.process_group)
-            self.meter.add("dense", int(ring_bytes(buffer.numel(), n, buffer.element_size())))
-            buffer.div_(n)
+            self.mean_over_ring(buffer)
             for tname, g in named:
                 self.memory.dense(tname, g.view(-1))
             return []
         parts = [self.memory.flush_input(t, g.view(-1)) for t, g in large]
         msg = torch.cat(parts)
-        dist.all_reduce(msg, group=self.process_group)
-        self.meter.add("dense", int(ring_bytes(msg.numel(), n, msg.element_size())))
-        msg.div_(n)
+        self.mean_over_ring(msg)
         at = 0
         for (tname, g), part in zip(large, parts):
             self.memory.flush_output(tname, msg[at : at + part.numel()], g.view(-1))
             at += part.numel()
         return small
+
+    def mean_over_ring(self, t: torch.Tensor) -> None:
+        """t <- its mean over the ring, in place. With 16-bit values (--value-dtype) it travels as
+        t / N in 16 bits, summed in that format, as DDP's fp16 compression hook sends a bucket."""
+        wire = t if VALUE_DTYPES[self.value_dtype] == t.dtype else t.div_(self.ring.size).to(VALUE_DTYPES[self.value_dtype])
+        dist.all_reduce(wire, group=self.process_group)
+        self.meter.add("dense", int(ring_bytes(wire.numel(), self.ring.size, wire.element_size())))
+        if wire is t:
+            t.div_(self.ring.size)
+        else:
+            t.copy_(wire)
 
     def reduce_small(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """One dense all-reduce for every deferred small tensor of the step."""

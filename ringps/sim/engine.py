@@ -124,7 +124,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         return allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + small * 4
     name, _ = choose_exchange(large, k, n, p, overlap, progress=o.sparse_progress, value_bytes=o.value_bytes)
     cost = price(name, large, k, n, p, value_bytes=o.value_bytes)
-    wire = allreduce_s(large * 4, c) if name == "dense" else cost.wire_s
+    wire = allreduce_s(large * o.value_bytes, c) if name == "dense" else cost.wire_s
     return wire + cost.cpu_s + t_small, cost.bytes_sent + small * 4
 
 
