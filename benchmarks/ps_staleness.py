@@ -9,6 +9,7 @@ a 100 Mbit/s link, heterogeneous, 3 seeds.
 
     .venv/bin/python benchmarks/ps_staleness.py                                   # both environments
     .venv/bin/python benchmarks/ps_staleness.py --settings layers --repeats 3 --epochs 8
+    .venv/bin/python benchmarks/ps_staleness.py --settings layers --contenders ps-vsgd+layer_strategy=auto --epochs 30
     .venv/bin/python benchmarks/ps_staleness.py --contenders ps-sync,ps-vsgd --repeats 1 --epochs 5
     .venv/bin/python benchmarks/ps_staleness.py --contenders ps-dcasgd,ps-dcasgd+dcasgd_lambda=0   # variants
 """
@@ -56,8 +57,9 @@ def describe(env: str, runs: dict, lines: list) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--settings", default="homogeneous,heterogeneous", help="homogeneous, heterogeneous, layers")
-    p.add_argument("--contenders", default=",".join(CONTENDERS),
-                   help="comma-separated; NAME+key=value adds an option (a variant: ps-dcasgd+dcasgd_lambda=0)")
+    p.add_argument("--contenders", default=None,
+                   help="comma-separated; NAME+key=value adds an option (a variant: ps-dcasgd+dcasgd_lambda=0); default: "
+                   "every policy, and for the layers setting its four (given, they run there beside ps-vsgd off)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + repeats - 1 "
                    "(an experiment that picks a default runs on other seeds than the bar)")
@@ -76,7 +78,7 @@ def main() -> None:
     checks: list = []
     out = args.out
     if envs:
-        contenders = contenders_from(args.contenders, lambda name: {"strategy": name})
+        contenders = contenders_from(args.contenders or ",".join(CONTENDERS), lambda name: {"strategy": name})
         out, results = run_matrix("ps-staleness", envs, contenders, args.repeats, common, args.out, args.first_seed)
         for env, runs in results.items():
             ref = "ps-sync" if "ps-sync" in runs else next(iter(runs))
@@ -91,7 +93,7 @@ def main() -> None:
             time_bar(checks, f"homogeneous: {c} no more than 10% slower than ps-async to the target", hom, c,
                      "ps-async", 1.1)
     if "layers" in wanted:
-        layer_runs = contenders_from(LAYERS, lambda name: {"strategy": name})
+        layer_runs = contenders_from(f"{args.contenders},{OFF}" if args.contenders else LAYERS, lambda name: {"strategy": name})
         lout, lres = run_matrix("ps-layers", {"layers-100mbit": {"net": "100mbit", "slowdown": "1,1,2,4"}}, layer_runs,
                                 args.repeats, common, (out / "layers") if out else None, args.first_seed)
         runs = lres["layers-100mbit"]
