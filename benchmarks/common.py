@@ -178,4 +178,5 @@ def finish(out: Path, lines: list[str], checks: list[tuple[str, bool, str]]) -> 
 
 def write_report(out: Path, text: str) -> None:
     (out / "report.txt").write_text(text)
-    console.print(f"\nresults: {out}/results.json, {out}/report.txt")
+    found = [*out.glob("results.json"), *out.glob("*/results.json")]  # a setting run in its own folder (layers)
+    console.print(f"\nresults: {', '.join(map(str, found))}, {out}/report.txt")

@@ -99,8 +99,8 @@ def validate(runs: list[Path], w) -> list[str]:
 def tta_ranks(folders: list[Path]) -> list[str]:
     """Time-to-accuracy, predicted against measured, for the runs of other benchmarks' output
     folders (`ring_topk.py --out DIR`): per setting, the contenders' median measured time against
-    the prediction for their own settings (compute and link efficiency fitted on those runs, the
-    shipped progress model), and Kendall's tau of the two orders."""
+    the prediction for their own settings (compute and link efficiency fitted on those runs, each
+    contender's own CPU per step, the shipped progress model), and Kendall's tau of the two orders."""
     lines = []
     for folder in folders:
         for setting in sorted(p for p in folder.iterdir() if p.is_dir()):
@@ -121,7 +121,8 @@ def tta_ranks(folders: list[Path]) -> list[str]:
                 if len(meas) * 2 <= len(ms):
                     t.add_row(label, "not reached (median)", "")
                     continue
-                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], a, eff), ms[0].options, prog,
+                own = prog.model_copy(update={"cpu_s": fit_cpu(ms, w, a, eff)})  # this variant's own CPU per step
+                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], a, eff), ms[0].options, own,
                                 steps=20).extra["time_to_accuracy_s"]
                 pairs.append((statistics.median(meas), pred))
                 t.add_row(label, f"{statistics.median(meas):.1f}", f"{pred:.1f}" if pred else "-")

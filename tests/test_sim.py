@@ -150,6 +150,58 @@ def test_calibration_fits_progress_factors_against_allreduce():
     assert "powersgd" not in f and "ps-async" not in f  # never reached; asynchronous pushes are priced by staleness
 
 
+def test_ring_topks_progress_factor_is_a_sparse_steps_and_a_variant_does_not_blur_it():
+    """A ring-topk run whose cost model sent every bucket dense progresses as dense training: its
+    steps say nothing of a sparse step's factor. Half sparse at ratio r: factor 1 - (1 - r) / 0.5.
+    A variant (`ring-topk+value_dtype=fp16`) fits only where the plain strategy has no runs."""
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured, fit_progress
+
+    def m(label, steps, share, seed=0):
+        return Measured(Path(f"/r/{label}-r{seed}"), label.split("+")[0], 4, 1, "1gbit", None, 1.0, 2.0, steps, 100.0,
+                        seed, "facenet", {"sparse_share": share}, label=label)
+
+    base = [m("allreduce", 60, None)]
+    assert fit_progress(base + [m("ring-topk", 100, 1.0)])["ring-topk"] == pytest.approx(0.6)
+    assert fit_progress(base + [m("ring-topk", 75, 0.5)])["ring-topk"] == pytest.approx(1 - (1 - 60 / 75) / 0.5, abs=1e-3)
+    assert "ring-topk" not in fit_progress(base + [m("ring-topk", 60, 0.0)])  # all dense: no evidence
+    mixed = base + [m("ring-topk", 100, 1.0), m("ring-topk+value_dtype=fp16", 120, 1.0)]
+    assert fit_progress(mixed)["ring-topk"] == pytest.approx(0.6)
+    assert fit_progress(base + [m("ring-topk+value_dtype=fp16", 120, 1.0)])["ring-topk"] == pytest.approx(0.5)
+
+
+def test_time_to_accuracy_applies_the_sparse_factor_to_the_sparse_share_only():
+    from ringps.sim.predict import Prediction, Progress, time_to_accuracy
+    from ringps.sim.workload import load_workload
+
+    w = load_workload("facenet")
+    prog = Progress(dense_steps=100, workers_ref=4, factor={"ring-topk": 0.5})
+
+    def tta(share):
+        extra = {} if share is None else {"sparse_share": share}
+        return time_to_accuracy(Prediction("ring-topk", 4, 1.0, 0.5, 0.5, 0.0, 0.5, extra), w, prog)
+
+    assert tta(1.0) == pytest.approx(200.0) and tta(None) == pytest.approx(200.0)
+    assert tta(0.0) == pytest.approx(100.0)  # every bucket dense: dense training's steps
+    assert tta(0.5) == pytest.approx(100 / 0.75)
+
+
+def test_the_simulated_cost_model_weighs_compute_as_the_hook_does():
+    """At 1 Gbit/s on facenet with 4 workers on 2 shared cores the hook sent every bucket sparse in
+    fp32 and dense in fp16 (docs/RESULTS.md §1); the simulator, told the same, chooses the same."""
+    from ringps.sim.cluster import ClusterSpec
+    from ringps.sim.engine import Options
+    from ringps.sim.predict import Progress, simulate
+    from ringps.sim.workload import load_workload
+
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="1gbit", compute_scale=1.67, shared_cores=2, efficiency=0.7, latency_s=2e-4)
+    fp32 = simulate("ring-topk", w, c, Options(), Progress(), steps=4)
+    fp16 = simulate("ring-topk", w, c, Options(value_bytes=2), Progress(), steps=4)
+    assert fp32.extra["sparse_share"] > 0.9 and fp16.extra["sparse_share"] == 0.0
+
+
 def test_a_periodic_run_is_measured_over_whole_periods_with_its_own_options(tmp_path):
     """DiLoCo's median step is an inner step; its mean over periods carries the outer all-reduce,
     which is what the simulator predicts (and the run's H, not the default, is what it is told)."""

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         tta = p.extra.get("time_to_accuracy_s")
         hist = p.extra.get("staleness_histogram")
         t.add_row(p.strategy, f"{p.step_s * 1e3:.1f} ms", f"{p.utilization:.0%}", f"{p.exposed_s * 1e3:.1f} ms",
-                  f"{p.bytes_per_step / 1e6:.2f}", f"{tta:.0f} s" if tta else "-",
+                  f"{p.bytes_per_step / 1e6:.2f}", f"{tta:.3g} s" if tta else "-",
                   f"mean {p.extra['mean_staleness']:.1f}, max {max(hist)}" if hist else "",
                   f"{p.extra['drop_fraction']:.0%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
     console.print(t)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ class Measured:
     model: str
     extra: dict
     options: Any = None  # engine Options of the run's own settings (H, density, rank...); None: defaults
+    label: str = ""  # the run's name less its repeat (-r0): the strategy, or a variant of it
 
 
 def options_of(cfg: dict):
@@ -86,7 +88,24 @@ def read_run(run: Path) -> Measured:
                     slow, statistics.median(comp) if comp else 0.0, step_s, reached,
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
-                     "pushes_dropped": s.get("pushes_dropped")}, options_of(cfg))
+                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg),
+                    label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name)
+
+
+def sparse_share(summary: dict) -> Optional[float]:
+    """The share of ring-topk's bucket exchanges its cost model sent sparse (None: no record)."""
+    chosen = ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
+    total = sum(chosen.values())
+    return sum(v for k, v in chosen.items() if k != "dense") / total if total else None
+
+
+def plain(runs: list[Measured]) -> dict[str, list[Measured]]:
+    """Runs by strategy, a strategy's plain runs only where there are any: a variant's
+    (`ring-topk+value_dtype=fp16`) own CPU and progress would blur the strategy's default."""
+    out: dict[str, list[Measured]] = {}
+    for m in runs:
+        out.setdefault(m.strategy, []).append(m)
+    return {k: [m for m in v if m.label == k] or v for k, v in out.items()}
 
 
 def fit_compute(runs: list[Measured], profile_s: float) -> float:
@@ -131,20 +150,28 @@ def fit_cpu(runs: list[Measured], w, a: float, efficiency: float) -> dict[str, f
     itemises (PowerSGD's matrix products and error feedback; copies): the median over its runs of
     measured less predicted step time, where positive. On this machine and model only."""
     out: dict[str, list[float]] = {}
-    for m in runs:
-        if m.strategy.startswith("ps-") or m.strategy in ("localsgd", "diloco") or not m.step_s:
-            continue
-        out.setdefault(m.strategy, []).append(max(0.0, m.step_s - predict_step(m, w, a, efficiency)))
+    for strategy, ms in plain(runs).items():
+        for m in ms:
+            if m.strategy.startswith("ps-") or m.strategy in ("localsgd", "diloco") or not m.step_s:
+                continue
+            out.setdefault(strategy, []).append(max(0.0, m.step_s - predict_step(m, w, a, efficiency)))
     return {k: round(statistics.median(v), 4) for k, v in out.items()}
 
 
 def fit_progress(runs: list[Measured]) -> dict[str, float]:
     ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
     ratios: dict[str, list[float]] = {}
-    for m in runs:
-        base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
-        if base and m.steps_to_target and not m.strategy.startswith("ps-"):
-            ratios.setdefault(m.strategy, []).append(base / m.steps_to_target)
+    for strategy, ms in plain(runs).items():
+        for m in ms:
+            base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
+            if not (base and m.steps_to_target) or strategy.startswith("ps-"):
+                continue
+            r, share = base / m.steps_to_target, m.extra.get("sparse_share")
+            if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor)
+                if share < 0.5:  # mostly dense: says little about a sparse step
+                    continue
+                r = 1 - (1 - r) / share
+            ratios.setdefault(strategy, []).append(r)
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
 
 

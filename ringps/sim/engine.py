@@ -19,7 +19,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import simpy
 
@@ -101,31 +101,50 @@ def buckets(w: Workload, cap_bytes: float) -> list[Bucket]:
     return out
 
 
-def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float) -> tuple[float, float]:
-    """(seconds, bytes sent per worker) of one bucket's exchange."""
+class Comm(NamedTuple):
+    """One bucket's exchange: seconds, bytes sent per worker, parameters sent sparse and those
+    selection could have sent sparse (ring-topk's sparse share, which scales its progress per
+    step: predict.time_to_accuracy), and small tensors deferred to the step's one fused message."""
+
+    secs: float
+    sent: float
+    sparse: int = 0
+    selectable: int = 0
+    deferred: int = 0
+
+
+def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float,
+                compute_per_param: float = 0.0) -> Comm:
+    """`compute_per_param`: the step's compute per parameter; the bucket's share of it weighs a
+    sparse step's lesser progress in ring-topk's choice, as the hook does."""
     n = c.workers
     if strategy in ("allreduce", "fp16"):
         nbytes = b.params * (2 if strategy == "fp16" else 4)
-        return allreduce_s(nbytes, c), ring_bytes(nbytes, n, 1)
+        return Comm(allreduce_s(nbytes, c), ring_bytes(nbytes, n, 1))
     if strategy == "powersgd":  # P and Q of rank r per matrix, two all-reduces; small tensors dense
         r = o.powersgd_rank
         floats = sum(r * 2 * math.isqrt(p) if p >= o.dense_below else p for p in b.sizes)
         nbytes = floats * 4
-        return 2 * allreduce_s(nbytes / 2, c), ring_bytes(nbytes, n, 1)
+        return Comm(2 * allreduce_s(nbytes / 2, c), ring_bytes(nbytes, n, 1))
     large = sum(p for p in b.sizes if p >= o.dense_below)
     small = b.params - large
-    t_small = allreduce_s(small * 4, c)
     k = max(1, int(o.density * large)) if large else 0
     p = CostParams(**{**o.cpu.__dict__, "bandwidth": c.bw, "latency": c.latency_s})
-    if not large:
-        return t_small, ring_bytes(small, n)
     if strategy == "topk-allgather":
+        t_small = allreduce_s(small * 4, c)
+        if not large:
+            return Comm(t_small, ring_bytes(small, n))
         cpu = price("allgather", large, k, n, p).cpu_s
-        return allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + small * 4
-    name, _ = choose_exchange(large, k, n, p, overlap, progress=o.sparse_progress, value_bytes=o.value_bytes)
+        return Comm(allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + ring_bytes(small, n), large, large)
+    if not large:  # ring-topk: small tensors wait for the step's fused message
+        return Comm(0.0, 0.0, deferred=small)
+    name, _ = choose_exchange(large, k, n, p, overlap, compute_s=compute_per_param * large,
+                              progress=o.sparse_progress, value_bytes=o.value_bytes)
     cost = price(name, large, k, n, p, value_bytes=o.value_bytes)
-    wire = allreduce_s(large * o.value_bytes, c) if name == "dense" else cost.wire_s
-    return wire + cost.cpu_s + t_small, cost.bytes_sent + small * 4
+    if name == "dense":  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
+        return Comm(allreduce_s(b.params * o.value_bytes, c) + cost.cpu_s, ring_bytes(b.params, n, o.value_bytes),
+                    0, large)
+    return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small)
 
 
 def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,
@@ -146,10 +165,16 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     plan = buckets(w, o.bucket_cap_mb * (1 << 20))
     bwd, fwd = w.backward_s, w.compute_s - w.backward_s
     local = strategy in ("localsgd", "diloco")
-    comm = [(0.0, 0.0)] * len(plan) if local else [bucket_comm(strategy, b, c, o, bwd - b.ready) for b in plan]
+    # the compute one worker sees per step, as the hook measures it: its cores shared in an emulated cluster
+    slower = max(1.0, c.workers / c.shared_cores) if c.shared_cores else 1.0
+    comm = ([Comm(0.0, 0.0)] * len(plan) if local
+            else [bucket_comm(strategy, b, c, o, (bwd - b.ready) * slower, w.compute_s * slower / w.params) for b in plan])
+    fused = sum(x.deferred for x in comm)
+    fused_s = allreduce_s(fused * 4, c) if fused else 0.0
     period_s = allreduce_s(w.params * 4, c) if local else 0.0
     sent_per_step = (ring_bytes(w.params, c.workers) / o.local_period if local
-                     else sum(x for _, x in comm))
+                     else sum(x.sent for x in comm) + ring_bytes(fused, c.workers))
+    selectable = sum(x.selectable for x in comm)
     ends, computes = [], []
     last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
 
@@ -164,9 +189,11 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
             last[i] = (p[0].end - p[0].start) + (p[2].end - p[2].start)
         computes.append(statistics.mean(p[2].end - t0 for p in ph))
         busy = t0
-        for b, (secs, _) in zip(plan, comm):  # every worker's bucket b, then its collective
+        for b, x in zip(plan, comm):  # every worker's bucket b, then its collective
             ready = max(p[2].time_at(b.ready / bwd * p[2].amount if bwd else 0.0) for p in ph)
-            busy = max(busy, ready) + secs
+            busy = max(busy, ready) + x.secs
+        if fused:  # ring-topk's deferred small tensors, once the last bucket is in
+            busy = max(busy, max(p[2].end for p in ph)) + fused_s
         end = max(busy, max(p[3].end for p in ph))
         if local:  # the model average every H steps, spread over them (the mean step over a period)
             end += period_s / o.local_period
@@ -180,5 +207,7 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     env.process(run())
     env.run()
     step_s, compute = statistics.mean(ends), statistics.mean(computes)
-    return Prediction(strategy, c.workers, step_s, compute, step_s - compute, sent_per_step, compute / step_s,
-                      {"buckets": len(plan)})
+    extra = {"buckets": len(plan)}
+    if selectable:
+        extra["sparse_share"] = sum(x.sparse for x in comm) / selectable
+    return Prediction(strategy, c.workers, step_s, compute, step_s - compute, sent_per_step, compute / step_s, extra)

@@ -5,7 +5,9 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   samples to the target are taken as constant (the linear-scaling regime), so at N workers it
   needs dense_steps x workers_ref / N steps;
 - a strategy's step makes `factor[strategy]` of a dense step's progress (sparse updates, low-rank,
-  local steps between averages: measured as the ratio of steps to the target);
+  local steps between averages: measured as the ratio of steps to the target); for ring-topk the
+  factor is a sparse step's, applied to the share of its selectable parameters the cost model
+  sends sparse (1 - share x (1 - factor)): buckets it sends dense progress as dense ones;
 - an asynchronous push is one worker's batch, worth 1 / N of a dense step, times
   1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing.
 """
@@ -65,7 +67,10 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
         pushes = dense * prog.workers_ref / value  # each push: one batch of the dense step's N
         rate = pred.extra.get("pushes_per_s") or n / pred.step_s
         return pushes / rate / prog.steps_factor(pred.strategy)
-    steps = dense * prog.workers_ref / n / prog.steps_factor(pred.strategy)
+    factor = prog.steps_factor(pred.strategy)
+    if "sparse_share" in pred.extra:  # the factor is a sparse step's; buckets sent dense progress as dense ones
+        factor = 1 - pred.extra["sparse_share"] * (1 - factor)
+    steps = max(1.0, dense * prog.workers_ref / n / factor)  # past the linear-scaling regime: one step at least
     warm = min(steps, pred.extra.get("warmup_steps", 0))
     return warm * pred.extra.get("warmup_step_s", pred.step_s) + (steps - warm) * pred.step_s
 
