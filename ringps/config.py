@@ -18,10 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ringps.errors import ConfigError
 
-# What a sparse step achieves against a dense one, measured: at 100 Mbit/s the compressed
-# contenders needed ~1.75x allreduce's steps to reach 90% on facenet/ORL (docs/RESULTS.md).
-SPARSE_PROGRESS = 0.57
-
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g)?bit\s*$", re.IGNORECASE)
 _RATE_UNIT = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -208,9 +204,10 @@ class CompressConfig(Section):
     dense_below: int = Field(1 << 17, ge=0, description="tensors with fewer entries go dense, fused into one message")
     block: int = Field(256, ge=1, description="shared-index: entries per block")
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
-    sparse_progress: float = Field(
-        SPARSE_PROGRESS, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one; sparse only "
-        f"where the step per unit of progress is still shorter ({SPARSE_PROGRESS} measured, docs/RESULTS.md)")
+    sparse_progress: Optional[float] = Field(
+        None, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one, for every sparse "
+        "exchange; default: each exchange's own, measured (shared-index 0.65, allgather and sparse-rs 0.79: "
+        "docs/RESULTS.md). Sparse only where the step per unit of progress is shorter")
 
 
 class PSConfig(Section):

@@ -43,3 +43,22 @@ def test_a_slower_sparse_progress_keeps_a_1gbit_link_dense():
     assert choose_exchange(10_600_000, 106_000, 4, p, compute_s=1.0, progress=0.57)[0] == "dense"
     assert choose_exchange(10_600_000, 106_000, 4, CostParams(bandwidth=1.25e7, latency=2e-4), compute_s=1.0,
                            progress=0.57)[0] == "shared-index"  # 100 Mbit/s
+
+
+def test_each_exchange_is_weighed_by_what_its_update_carries():
+    """The constants ring-topk measured on facenet, 4 workers: at 1 Gbit/s allgather's update (every
+    rank's own k, 0.79 of a dense step) pays for its extra bytes over shared-index's (k common
+    entries, 0.65); at 100 Mbit/s the bytes dominate and shared-index stays; an explicit
+    `progress` prices every sparse exchange alike, and then the cheapest of them wins."""
+    from ringps.comm.exchanges import EXCHANGES
+
+    assert EXCHANGES.get("dense").progress == 1.0
+    assert EXCHANGES.get("shared-index").progress < EXCHANGES.get("allgather").progress < 1.0
+    n, k = 10_618_368, 106_183
+    compute = 0.245 * n / 10_695_144  # the bucket's share of the step's compute
+    gbit = CostParams(bandwidth=1.23e8, latency=1.42e-4, pass_s=8.7e-11, reduce_s=9.7e-11, scatter_s=1.17e-8, select_s=2.2e-9)
+    mbit = CostParams(bandwidth=1.11e7, latency=1e-4, pass_s=6.2e-11, reduce_s=8.2e-11, scatter_s=4.4e-9, select_s=1.3e-9)
+    name, costs = choose_exchange(n, k, 4, gbit, compute_s=compute)
+    assert name == "allgather" and costs["allgather"] > costs["shared-index"]
+    assert choose_exchange(n, k, 4, mbit, compute_s=compute)[0] == "shared-index"
+    assert choose_exchange(n, k, 4, gbit, compute_s=compute, progress=0.65)[0] == "shared-index"

@@ -31,7 +31,6 @@ from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.thread import CommThread
 from ringps.compress import MEMORIES, SELECTORS, DensitySchedule
-from ringps.config import SPARSE_PROGRESS
 from ringps.cost import CostParams, ring_bytes
 
 log = logging.getLogger("ringps")
@@ -58,13 +57,13 @@ class RingTopkState:
         seed: int = 0,
         timeout: float = 300.0,
         cost: Optional[CostParams] = None,
-        progress: float = SPARSE_PROGRESS,
+        progress: Optional[float] = None,
         compute_s: Optional[float] = None,
         value_dtype: str = "fp32",
     ):
         if not 0.0 <= density <= 1.0:
             raise ValueError(f"density {density}: must be in [0, 1]")
-        if not 0.0 < progress <= 1.0:
+        if progress is not None and not 0.0 < progress <= 1.0:
             raise ValueError(f"progress {progress}: must be in (0, 1]")
         if exchange != "auto":
             EXCHANGES.get(exchange)

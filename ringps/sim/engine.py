@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 
 import simpy
 
-from ringps.comm.exchanges import choose_exchange, price
+from ringps.comm.exchanges import EXCHANGES, choose_exchange, price
 from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
@@ -45,7 +45,7 @@ class Options:
     staleness_threshold: Optional[int] = None
     bucket_cap_mb: float = 25.0
     dense_below: int = 1 << 17
-    sparse_progress: float = 0.57
+    sparse_progress: Optional[float] = None  # None: each exchange's own (Exchange.progress)
     value_bytes: int = 4
     # warm-ups, as `ringps train` runs them: their steps cost more than the steady state's
     powersgd_start_iter: int = 10  # plain all-reduce steps first
@@ -111,6 +111,7 @@ class Comm(NamedTuple):
     sparse: int = 0
     selectable: int = 0
     deferred: int = 0
+    progress: float = 1.0  # of a step through the chosen exchange, relative to a dense one
 
 
 def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float,
@@ -144,7 +145,8 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     if name == "dense":  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
         return Comm(allreduce_s(b.params * o.value_bytes, c) + cost.cpu_s, ring_bytes(b.params, n, o.value_bytes),
                     0, large)
-    return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small)
+    own = o.sparse_progress or EXCHANGES.get(name).progress
+    return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small, own)
 
 
 def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,
@@ -209,5 +211,8 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     step_s, compute = statistics.mean(ends), statistics.mean(computes)
     extra = {"buckets": len(plan)}
     if selectable:
-        extra["sparse_share"] = sum(x.sparse for x in comm) / selectable
+        sparse = sum(x.sparse for x in comm)
+        extra["sparse_share"] = sparse / selectable
+        if sparse:
+            extra["sparse_progress"] = sum(x.sparse * x.progress for x in comm) / sparse
     return Prediction(strategy, c.workers, step_s, compute, step_s - compute, sent_per_step, compute / step_s, extra)

@@ -6,8 +6,9 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   needs dense_steps x workers_ref / N steps;
 - a strategy's step makes `factor[strategy]` of a dense step's progress (sparse updates, low-rank,
   local steps between averages: measured as the ratio of steps to the target); for ring-topk the
-  factor is a sparse step's, applied to the share of its selectable parameters the cost model
-  sends sparse (1 - share x (1 - factor)): buckets it sends dense progress as dense ones;
+  factor is a sparse step's, its chosen exchanges' own (`Exchange.progress`) unless the progress
+  file names one, applied to the share of its selectable parameters the cost model sends sparse
+  (1 - share x (1 - factor)): buckets it sends dense progress as dense ones;
 - an asynchronous push is one worker's batch, worth 1 / N of a dense step, times
   1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing.
 """
@@ -68,7 +69,9 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
         rate = pred.extra.get("pushes_per_s") or n / pred.step_s
         return pushes / rate / prog.steps_factor(pred.strategy)
     factor = prog.steps_factor(pred.strategy)
-    if "sparse_share" in pred.extra:  # the factor is a sparse step's; buckets sent dense progress as dense ones
+    if "sparse_share" in pred.extra:  # a sparse step's factor; buckets sent dense progress as dense ones
+        if pred.strategy not in prog.factor:  # ring-topk: its chosen exchanges' own (Exchange.progress)
+            factor = pred.extra.get("sparse_progress", 1.0)
         factor = 1 - pred.extra["sparse_share"] * (1 - factor)
     steps = max(1.0, dense * prog.workers_ref / n / factor)  # past the linear-scaling regime: one step at least
     warm = min(steps, pred.extra.get("warmup_steps", 0))

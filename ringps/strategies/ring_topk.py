@@ -5,7 +5,8 @@ over the ring with the exchange the cost model picks per bucket (dense where sel
 pay), small tensors fused into one dense message. The cost model is fed with what this job
 measures at set-up: the link latency and bandwidth (an all-reduce probe), the CPU cost of
 selection and scatter-adds, each parameter's overlap window and the step's compute from a profile
-of the model; sparse updates are priced at `--sparse-progress` of a dense step's progress.
+of the model; a sparse step is priced at its exchange's progress relative to a dense step
+(`Exchange.progress`, measured; `--sparse-progress` overrides it for all).
 
 topk-allgather: what GRACE and DGC do: every tensor selected and all-gathered with
 torch.distributed.all_gather, padded (`--exchange gloo-allgather`, nothing dense).

@@ -72,6 +72,9 @@ def unpack(msg: torch.Tensor, k: int, dtype: torch.dtype) -> Selection:
 class Exchange:
     name = ""
     auto = True  # a candidate of exchange="auto"
+    # progress of a step through this exchange relative to a dense step (steps to the target, dense
+    # / this), measured: what its update carries decides it, not the bytes (docs/RESULTS.md §1)
+    progress = 1.0
     value_dtype = torch.float32  # what values travel in (sums stay fp32)
 
     def rounded(self, values: torch.Tensor) -> torch.Tensor:
@@ -151,17 +154,21 @@ def auto_candidates() -> tuple[str, ...]:
 
 def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.0,
                     candidates: Optional[tuple[str, ...]] = None, block: int = 256,
-                    compute_s: float = 0.0, progress: float = 1.0, value_bytes: int = B_VAL) -> tuple[str, dict[str, float]]:
-    """The exchange that adds the least step time, and every candidate's predicted cost.
+                    compute_s: float = 0.0, progress: Optional[float] = None,
+                    value_bytes: int = B_VAL) -> tuple[str, dict[str, float]]:
+    """The exchange with the shortest step per unit of progress, and every candidate's predicted
+    cost (exposed seconds per step).
 
-    The model prices time per step; a sparse step also makes less progress than a dense one.
-    With `progress` (what a sparse step achieves relative to a dense one) and `compute_s` (the
-    compute this bucket's share of the step costs), a sparse exchange is chosen over dense only
-    when its whole step per unit of progress is still shorter: (compute + sparse) / progress <
-    compute + dense. Where the two are priced close, dense wins."""
+    A sparse step makes less progress than a dense one, and how much less depends on what the
+    exchange's update carries (shared-index: k entries common to all ranks; allgather and
+    sparse-rs: every rank's own k). With `compute_s` (the compute this bucket's share of the step
+    costs) each candidate c is weighed as (compute + cost_c) / progress_c, its own `progress` or,
+    where given, `progress` for every sparse one. Where priced alike, dense wins, then the cheaper."""
     names = candidates or auto_candidates()
     costs = {c: price(c, n, k, N, p, block, value_bytes).exposed(overlap_s, p.cpu_share) for c in names}
-    best = min(costs, key=costs.get)
-    if "dense" in costs and best != "dense" and (compute_s + costs[best]) / progress >= compute_s + costs["dense"]:
-        best = "dense"
-    return best, costs
+
+    def per_progress(c: str) -> tuple[float, bool, float]:
+        own = EXCHANGES.get(c).progress if progress is None or c == "dense" else progress
+        return (compute_s + costs[c]) / own, c != "dense", costs[c]
+
+    return min(costs, key=per_progress), costs
