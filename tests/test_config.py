@@ -103,3 +103,15 @@ def test_values_from_flags_convert_like_yaml():
 def test_unknown_key_is_refused():
     with pytest.raises(ConfigError, match="--bogus: unknown option"):
         validate({"bogus": 1})
+
+
+def test_list_names_every_registry():
+    """`ringps list` shows what a user can pass: every exchange and policy, not only strategies."""
+    from ringps.comm.exchanges import EXCHANGES
+    from ringps.ps import POLICIES
+
+    out = cli("list")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.replace("│", " ").split())
+    for name in [*EXCHANGES.names(), *POLICIES.names(), "facenet", "orl-faces"]:
+        assert name in text, name
