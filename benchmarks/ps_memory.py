@@ -7,7 +7,7 @@ one server) for both trees in turn, `--repeats` times; the server's peak residen
 largest descendant's ru_maxrss (the server holds the shard copies, it is the largest process).
 
     .venv/bin/python benchmarks/ps_memory.py --baseline 1ea381c --workers 4,16 --params 1e7 --repeats 3
-    .venv/bin/python benchmarks/ps_memory.py --policy sync,threshold,ssp,stale-lr,vsgd,dcasgd --repeats 1
+    .venv/bin/python benchmarks/ps_memory.py --policy async,threshold,stale-lr,vsgd,dcasgd --repeats 3
 """
 
 from __future__ import annotations
@@ -62,6 +62,12 @@ def main() -> None:
                        capture_output=True)
         trees.insert(0, ("baseline", base))
     policies, ws = args.policy.split(","), sorted(int(x) for x in args.workers.split(","))
+    from ringps.ps import POLICIES
+    from ringps.ps.policies import Policy
+
+    holding = [p for p in policies if POLICIES.get(p).hold is not Policy.hold]
+    if holding:  # as `ringps bench ps`: workers stop on their own clocks, and a held push would wait for ever
+        raise SystemExit(f"--policy {','.join(holding)}: the throughput bench needs policies where no push waits for another")
     rows: dict = {}
     try:
         for rep in range(args.repeats):
