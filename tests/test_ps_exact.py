@@ -23,7 +23,7 @@ from helpers import config
 
 from ringps.ps import POLICIES, wire
 from ringps.ps.layout import Layout
-from ringps.ps.server import Server
+from ringps.ps.server import BUFFERS, Server
 
 
 def make_server(policy: str, workers=(1, 2, 3), momentum=0.9, **ps) -> Server:
@@ -66,7 +66,7 @@ class Yielding(threading.Condition):
 
 
 def serve_and_push(rank, world, out: str, policy: str, pushes: int):
-    """Rank 0 serves one 64-entry vector from zeros (momentum 0); ranks 1.. push ones at lr 3.0, so
+    """Rank 0 serves one 64-entry vector from zeros (momentum 0); ranks 1.. push ones at lr N (workers), so
     each applied push moves every entry by exactly -1 and the values say their own version."""
     from ringps.ps.client import Client
     from ringps.ps.layout import flatten_into
@@ -95,25 +95,29 @@ def serve_and_push(rank, world, out: str, policy: str, pushes: int):
     for step in range(1, pushes + 1):
         held = -int(values[0])  # the version these values are, counted from the values themselves
         assert torch.all(values == values[0])
-        client.push_pull(3.0, step)
+        client.push_pull(float(world - 1), step)  # the policy moves a push 1/N of lr: -1 per push
         seen.append((step, held, client.versions[0], -int(values[0])))
     client.stop()
     return seen
 
 
-def test_reply_version_names_the_values_under_concurrent_pushes(tmp_path):
-    results = run_ranks(serve_and_push, 4, (str(tmp_path), "threshold", 150))
-    stats, workers = results[0], results[1:]
-    for seen in workers:
+@pytest.mark.parametrize("workers, pushes", [(3, 150), (BUFFERS + 3, 40)], ids=["3-workers", "more-than-the-pool"])
+def test_reply_version_names_the_values_under_concurrent_pushes(tmp_path, workers, pushes):
+    """With more workers than the server's pooled receive buffers and reply snapshots (BUFFERS),
+    pushes wait for a buffer and replies share snapshots: still no reply carries other values than
+    the version its header names."""
+    results = run_ranks(serve_and_push, workers + 1, (str(tmp_path), "threshold", pushes))
+    stats, sides = results[0], results[1:]
+    for seen in sides:
         for step, held, version, values_version in seen:
             assert version == values_version, f"step {step}: reply says version {version}, values are {values_version}"
     # every push's recorded staleness is the versions applied between the values it was computed
     # on and its own application, counted independently from the values
-    held = {(w + 1, step): h for w, seen in enumerate(workers) for step, h, _, _ in seen}
+    held = {(w + 1, step): h for w, seen in enumerate(sides) for step, h, _, _ in seen}
     rows = [json.loads(line) for line in (tmp_path / "ranks" / "rank0.jsonl").read_text().splitlines()]
-    pushes = [r for r in rows if r["kind"] == "push"]
-    assert len(pushes) == 450 and stats["pushes_applied"] == 450
-    for r in pushes:
+    applied = [r for r in rows if r["kind"] == "push"]
+    assert len(applied) == workers * pushes and stats["pushes_applied"] == workers * pushes
+    for r in applied:
         assert r["staleness"] == r["version"] - 1 - held[(r["worker"], r["step"])], r
 
 
