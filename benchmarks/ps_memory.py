@@ -23,6 +23,8 @@ from pathlib import Path
 from common import add_out_arg, console, guarded
 from rich.table import Table
 
+from ringps.ps import POLICIES
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import importlib.util, json, resource, sys
@@ -55,19 +57,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     add_out_arg(p)
     args = p.parse_args()
+    policies, ws = args.policy.split(","), sorted(int(x) for x in args.workers.split(","))
+    holding = [name for name in policies if POLICIES.get(name).holds()]
+    if holding:  # as `ringps bench ps`: workers stop on their own clocks, and a held push would wait for ever
+        raise SystemExit(f"--policy {','.join(holding)}: the throughput bench needs policies where no push waits for another")
     trees = [("this tree", ROOT)]
     if args.baseline:
         base = Path(tempfile.mkdtemp(prefix="ringps-baseline-"))
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline], check=True,
                        capture_output=True)
         trees.insert(0, ("baseline", base))
-    policies, ws = args.policy.split(","), sorted(int(x) for x in args.workers.split(","))
-    from ringps.ps import POLICIES
-    from ringps.ps.policies import Policy
-
-    holding = [p for p in policies if POLICIES.get(p).hold is not Policy.hold]
-    if holding:  # as `ringps bench ps`: workers stop on their own clocks, and a held push would wait for ever
-        raise SystemExit(f"--policy {','.join(holding)}: the throughput bench needs policies where no push waits for another")
     rows: dict = {}
     try:
         for rep in range(args.repeats):
@@ -96,10 +95,10 @@ def report(rows: dict, args: argparse.Namespace, policies: list[str], ws: list[i
            for k, v in rows.items()}
     for (pol, w, label), v in rows.items():
         pps = [r["pushes_per_s"] for r in v]
-        b = med.get((pol, w, "baseline"), med[(pol, w, label)])
-        t.add_row(pol, str(w), label, f"{med[(pol, w, label)][0]:.1f} [{min(pps):.1f}..{max(pps):.1f}]",
-                  f"{med[(pol, w, label)][1] / 1e6:.0f}", f"{med[(pol, w, label)][0] / b[0]:.2f}x",
-                  f"{med[(pol, w, label)][1] / b[1]:.2f}x")
+        m = med[(pol, w, label)]
+        b = med.get((pol, w, "baseline"), m)
+        t.add_row(pol, str(w), label, f"{m[0]:.1f} [{min(pps):.1f}..{max(pps):.1f}]", f"{m[1] / 1e6:.0f}",
+                  f"{m[0] / b[0]:.2f}x", f"{m[1] / b[1]:.2f}x")
     console.print(f"{args.params:.0e} parameters, {args.seconds:g}s per cell, {args.repeats} repeats (interleaved)"
                   + (f", baseline {args.baseline}" if args.baseline else ""))
     console.print(t)

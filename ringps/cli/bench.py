@@ -130,10 +130,8 @@ def run_ps(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: must be >= 1")
     from ringps.ps import POLICIES
-    from ringps.ps.policies import Policy
 
-    policy = POLICIES.get(args.policy)  # an unknown name: ConfigError naming the known ones
-    if policy.hold is not Policy.hold:
+    if POLICIES.get(args.policy).holds():  # an unknown name: ConfigError naming the known ones
         raise ConfigError(f"--policy {args.policy}: the throughput bench needs a policy where no push waits for another")
     module_args = ["--params", str(args.params), "--seconds", str(args.seconds), "--policy", args.policy]
     world = args.workers + 1

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 
 import simpy
 
-from ringps.comm.exchanges import EXCHANGES, choose_exchange, price
+from ringps.comm.exchanges import choose_exchange, price, progress_of
 from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
@@ -145,8 +145,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     if name == "dense":  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
         return Comm(allreduce_s(b.params * o.value_bytes, c) + cost.cpu_s, ring_bytes(b.params, n, o.value_bytes),
                     0, large)
-    own = o.sparse_progress or EXCHANGES.get(name).progress
-    return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small, own)
+    return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress))
 
 
 def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,

@@ -31,5 +31,6 @@ from ringps.comm.exchanges.base import (  # noqa: F401
     build_exchange,
     choose_exchange,
     price,
+    progress_of,
 )
 from ringps.comm.exchanges.shared_index import SharedIndex  # noqa: E402,F401

@@ -147,6 +147,12 @@ def price(name: str, n: int, k: int, N: int, p: CostParams, block: int = 256, va
     return Cost(0.0, 0.0, 0.0) if N <= 1 else EXCHANGES.get(name).cost(n, k, N, p, block, value_bytes)
 
 
+def progress_of(name: str, override: Optional[float] = None) -> float:
+    """A step through exchange `name` against a dense step: its own measured `progress`, or
+    `override` (--sparse-progress) for every sparse exchange."""
+    return EXCHANGES.get(name).progress if override is None or name == "dense" else override
+
+
 def auto_candidates() -> tuple[str, ...]:
     """The registered exchanges exchange="auto" weighs."""
     return tuple(n for n in EXCHANGES.names() if EXCHANGES.get(n).auto)
@@ -168,7 +174,6 @@ def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.
     costs = {c: price(c, n, k, N, p, block, value_bytes).exposed(overlap_s, p.cpu_share) for c in names}
 
     def per_progress(c: str) -> tuple[float, bool, float]:
-        own = EXCHANGES.get(c).progress if progress is None or c == "dense" else progress
-        return (compute_s + costs[c]) / own, c != "dense", costs[c]
+        return (compute_s + costs[c]) / progress_of(c, progress), c != "dense", costs[c]
 
     return min(costs, key=per_progress), costs

@@ -109,6 +109,11 @@ class Policy:
     def hold(self, server: "Server", push: Push) -> None:
         """Wait (on the server's condition) before the reply; the default replies at once."""
 
+    @classmethod
+    def holds(cls) -> bool:
+        """Whether a push may wait for other workers' (BSP's round, SSP's bound): `hold` overridden."""
+        return cls.hold is not Policy.hold
+
     def sent(self, worker: int, values: torch.Tensor) -> None:
         """The server sent `worker` these values (DC-ASGD keeps them)."""
 
