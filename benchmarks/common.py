@@ -140,6 +140,10 @@ COLUMNS = [("time-to-acc s", "time_to_accuracy_s", True), ("final acc", "final_a
 
 
 def table(title: str, runs_by: dict[str, list[dict]], ref: str) -> Table:
+    """One row per contender; ratios to `ref`, or to the first contender where `ref` did not run."""
+    if ref not in runs_by:
+        ref = next(iter(runs_by))
+        title = f"{title.split(':')[0]}: ratios to {ref}"
     t = Table(title=title, title_justify="left")
     t.add_column("contender", style="bold")
     for header, _, _ in COLUMNS:

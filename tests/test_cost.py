@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringps.comm.exchanges import choose_exchange, price
+from ringps.comm.exchanges import EXCHANGES, choose_exchange, price
 from ringps.cost import CostParams
 
 N_, K_ = 10_000_000, 100_000
@@ -23,24 +23,29 @@ def test_slow_link_goes_sparse_and_shared_index_sends_least():
 @pytest.mark.parametrize("progress", [1.0, 0.57, 0.3])
 def test_sparse_only_where_the_step_per_unit_of_progress_is_shorter(compute_s, progress):
     """Over link speeds from 10 Mbit/s to 100 Gbit/s the choice is sparse exactly where
-    (compute + sparse) / progress < compute + dense, and it flips once, from sparse to dense."""
+    (compute + sparse) / progress < compute + dense (the cheaper of fp32 and 16-bit dense), and it
+    flips once, from sparse to dense."""
     picks = []
     for bw in (1.25e6, 1.25e7, 1.25e8, 1.25e9, 1.25e10):
         p = CostParams(bandwidth=bw, latency=1e-5)
         name, costs = choose_exchange(N_, K_, 4, p, compute_s=compute_s, progress=progress)
-        cheapest = min((c for c in costs if c != "dense"), key=costs.get)
-        pays = (compute_s + costs[cheapest]) / progress < compute_s + costs["dense"]
-        assert name == (cheapest if pays else "dense"), (bw, costs)
-        picks.append(name == "dense")
+        cheapest = min((c for c in costs if not EXCHANGES.get(c).whole), key=costs.get)
+        dense = min(("dense", "dense-fp16"), key=lambda c: (costs[c], c != "dense"))
+        pays = (compute_s + costs[cheapest]) / progress < compute_s + costs[dense]
+        assert name == (cheapest if pays else dense), (bw, costs)
+        picks.append(EXCHANGES.get(name).whole)
     assert picks == sorted(picks), picks  # sparse on the slow links, dense on the fast ones
 
 
 def test_a_slower_sparse_progress_keeps_a_1gbit_link_dense():
     """This machine's 1 Gbit/s setting (measured constants, ~1 s of compute per step): priced by
-    step time alone sparse wins; priced per unit of progress (0.57) dense does."""
+    step time alone sparse wins; priced per unit of progress (0.57) dense does, in 16 bits where
+    dense-fp16 is a candidate (as by default)."""
     p = CostParams(bandwidth=1.26e8, latency=3.6e-4, pass_s=4.4e-10, reduce_s=4.7e-10, scatter_s=6.8e-9, select_s=4.6e-9)
     assert choose_exchange(10_600_000, 106_000, 4, p, compute_s=1.0, progress=1.0)[0] == "shared-index"
-    assert choose_exchange(10_600_000, 106_000, 4, p, compute_s=1.0, progress=0.57)[0] == "dense"
+    assert choose_exchange(10_600_000, 106_000, 4, p, compute_s=1.0, progress=0.57)[0] == "dense-fp16"
+    assert choose_exchange(10_600_000, 106_000, 4, p, compute_s=1.0, progress=0.57,
+                           candidates=("dense", "allgather", "shared-index"))[0] == "dense"
     assert choose_exchange(10_600_000, 106_000, 4, CostParams(bandwidth=1.25e7, latency=2e-4), compute_s=1.0,
                            progress=0.57)[0] == "shared-index"  # 100 Mbit/s
 

@@ -28,7 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringps.comm.exchanges import Segment, auto_candidates, build_exchange, choose_exchange
+from ringps.comm.exchanges import EXCHANGES, Segment, auto_candidates, build_exchange, choose_exchange
 from ringps.comm.group import init_from_env
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
             select_s = time.perf_counter() - t0
             segs = [Segment(0, n, k, 0)]
             out = torch.empty_like(g)  # reused, as the hook reuses the gradient
-            chosen, _ = choose_exchange(n, k, N, params, 0.0, candidates=tuple(c for c in auto_candidates() if c != "dense"), block=args.block)
+            chosen, _ = choose_exchange(n, k, N, params, 0.0, candidates=tuple(c for c in auto_candidates() if not EXCHANGES.get(c).whole), block=args.block)
             for name in SPARSE_BENCH:
                 ex = build_exchange(name, args.block)
                 prepare = lambda: ex.prepare(g, segs, PreSelected(sel), 0)  # noqa: E731

@@ -308,8 +308,8 @@ class RingTopkState:
         overlap = min(self.overlap.get(id(p), 0.0) for g, p in zip(grads, params) if g.numel() >= self.dense_below)
         name = self.plan(segments, overlap)
         self.chosen[name] = self.chosen.get(name, 0) + 1
-        if name == "dense":
-            return self.dense_bucket(buffer, named, large, small)
+        if EXCHANGES.get(name).whole:
+            return self.dense_bucket(buffer, named, large, small, self.exchange(name).value_dtype)
         acc, out = self.buffers(index, names, [g for _, g in large])
         for tname, g in large:
             self.memory.compensate(tname, g.view(-1))  # accumulates into acc in place
@@ -325,29 +325,30 @@ class RingTopkState:
                 self.memory.update(tname, sent[lo:hi] - seg.offset)
         return small
 
-    def dense_bucket(self, buffer: torch.Tensor, named: list, large: list, small: list) -> list[tuple[str, torch.Tensor]]:
-        """The bucket all-reduced dense. With nothing held back in the memory this is exactly DDP's
+    def dense_bucket(self, buffer: torch.Tensor, named: list, large: list, small: list,
+                     dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+        """The bucket all-reduced dense, its values in `dtype` on the wire. With nothing held back in the memory this is exactly DDP's
         all-reduce of the whole bucket, small tensors too; a memory that holds something is
         flushed with it (error feedback's residual, DGC's velocity and local momentum). Then the
         memory makes the update of every tensor (DGC: momentum on the average)."""
         if all(self.memory.is_clean(t) for t, _ in large):
-            self.mean_over_ring(buffer)
+            self.mean_over_ring(buffer, dtype)
             for tname, g in named:
                 self.memory.dense(tname, g.view(-1))
             return []
         parts = [self.memory.flush_input(t, g.view(-1)) for t, g in large]
         msg = torch.cat(parts)
-        self.mean_over_ring(msg)
+        self.mean_over_ring(msg, dtype)
         at = 0
         for (tname, g), part in zip(large, parts):
             self.memory.flush_output(tname, msg[at : at + part.numel()], g.view(-1))
             at += part.numel()
         return small
 
-    def mean_over_ring(self, t: torch.Tensor) -> None:
-        """t <- its mean over the ring, in place. With 16-bit values (--value-dtype) it travels as
-        t / N in 16 bits, summed in that format, as DDP's fp16 compression hook sends a bucket."""
-        wire = t if VALUE_DTYPES[self.value_dtype] == t.dtype else t.div_(self.ring.size).to(VALUE_DTYPES[self.value_dtype])
+    def mean_over_ring(self, t: torch.Tensor, dtype: torch.dtype) -> None:
+        """t <- its mean over the ring, in place. In 16 bits (dense-fp16, --value-dtype) it travels
+        as t / N in 16 bits, summed in that format, as DDP's fp16 compression hook sends a bucket."""
+        wire = t if dtype == t.dtype else t.div_(self.ring.size).to(dtype)
         dist.all_reduce(wire, group=self.process_group)
         self.meter.add("dense", int(ring_bytes(wire.numel(), self.ring.size, wire.element_size())))
         if wire is t:

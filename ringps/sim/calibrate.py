@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import yaml
 
+from ringps.comm.exchanges import EXCHANGES
 from ringps.cost import contention, cores
 from ringps.errors import ConfigError
 
@@ -96,7 +97,7 @@ def sparse_share(summary: dict) -> Optional[float]:
     """The share of ring-topk's bucket exchanges its cost model sent sparse (None: no record)."""
     chosen = ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
     total = sum(chosen.values())
-    return sum(v for k, v in chosen.items() if k != "dense") / total if total else None
+    return sum(v for k, v in chosen.items() if not EXCHANGES.get(k).whole) / total if total else None
 
 
 def plain(runs: list[Measured]) -> dict[str, list[Measured]]:

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 
 import simpy
 
-from ringps.comm.exchanges import choose_exchange, price, progress_of
+from ringps.comm.exchanges import EXCHANGES, choose_exchange, price, progress_of
 from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
@@ -142,9 +142,9 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     name, _ = choose_exchange(large, k, n, p, overlap, compute_s=compute_per_param * large,
                               progress=o.sparse_progress, value_bytes=o.value_bytes)
     cost = price(name, large, k, n, p, value_bytes=o.value_bytes)
-    if name == "dense":  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
-        return Comm(allreduce_s(b.params * o.value_bytes, c) + cost.cpu_s, ring_bytes(b.params, n, o.value_bytes),
-                    0, large)
+    if EXCHANGES.get(name).whole:  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
+        vb = EXCHANGES.get(name).wire_bytes(o.value_bytes)
+        return Comm(allreduce_s(b.params * vb, c) + cost.cpu_s, ring_bytes(b.params, n, vb), 0, large)
     return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress))
 
 

@@ -45,7 +45,7 @@ def build_exchange(name: str, block: int = 256, value_dtype: str = "fp32") -> "E
     """A fresh exchange by name (shared-index takes the block size); `value_dtype`: what the
     selected values travel in (allgather, shared-index; sums are taken in fp32)."""
     ex = EXCHANGES.build(name, block) if name == "shared-index" else EXCHANGES.build(name)
-    ex.value_dtype = VALUE_DTYPES[value_dtype]
+    ex.value_dtype = ex.fixed_dtype or VALUE_DTYPES[value_dtype]
     return ex
 
 
@@ -76,6 +76,13 @@ class Exchange:
     # / this), measured: what its update carries decides it, not the bytes (docs/RESULTS.md §1)
     progress = 1.0
     value_dtype = torch.float32  # what values travel in (sums stay fp32)
+    fixed_dtype: Optional[torch.dtype] = None  # what values travel in whatever --value-dtype says
+    whole = False  # True: no selection, the whole bucket is all-reduced (by the hook, small tensors too)
+
+    @classmethod
+    def wire_bytes(cls, value_bytes: int) -> int:
+        """Bytes per value on the wire when --value-dtype gives `value_bytes`."""
+        return cls.fixed_dtype.itemsize if cls.fixed_dtype is not None else value_bytes
 
     def rounded(self, values: torch.Tensor) -> torch.Tensor:
         """`values` as the wire carries them (a rank's own contribution must be what the others
@@ -150,7 +157,8 @@ def price(name: str, n: int, k: int, N: int, p: CostParams, block: int = 256, va
 def progress_of(name: str, override: Optional[float] = None) -> float:
     """A step through exchange `name` against a dense step: its own measured `progress`, or
     `override` (--sparse-progress) for every sparse exchange."""
-    return EXCHANGES.get(name).progress if override is None or name == "dense" else override
+    ex = EXCHANGES.get(name)
+    return ex.progress if override is None or ex.whole else override
 
 
 def auto_candidates() -> tuple[str, ...]:
@@ -169,11 +177,12 @@ def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.
     exchange's update carries (shared-index: k entries common to all ranks; allgather and
     sparse-rs: every rank's own k). With `compute_s` (the compute this bucket's share of the step
     costs) each candidate c is weighed as (compute + cost_c) / progress_c, its own `progress` or,
-    where given, `progress` for every sparse one. Where priced alike, dense wins, then the cheaper."""
+    where given, `progress` for every sparse one. Where priced alike, a whole-bucket exchange wins,
+    then the cheaper."""
     names = candidates or auto_candidates()
     costs = {c: price(c, n, k, N, p, block, value_bytes).exposed(overlap_s, p.cpu_share) for c in names}
 
     def per_progress(c: str) -> tuple[float, bool, float]:
-        return (compute_s + costs[c]) / progress_of(c, progress), c != "dense", costs[c]
+        return (compute_s + costs[c]) / progress_of(c, progress), not EXCHANGES.get(c).whole, costs[c]
 
     return min(costs, key=per_progress), costs
