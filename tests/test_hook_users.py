@@ -47,7 +47,8 @@ def test_auto_stays_dense_on_loopback():
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         str(EXAMPLE), "8"], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert chosen(r.stdout) == "dense", r.stdout
+    # whole buckets: in fp32 or, where the model prices the halved bytes above the casts, fp16
+    assert chosen(r.stdout) in ("dense", "dense-fp16"), r.stdout
 
 
 @pytest.mark.slow

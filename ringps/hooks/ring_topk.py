@@ -89,7 +89,9 @@ class RingTopkState:
         self.overlap: dict[int, float] = {}  # id(param) -> backward seconds left once its grad is ready
         self.plans: dict[tuple, str] = {}  # (bucket signature, k) -> exchange name
         self.exchanges: dict[str, Exchange] = {}  # name -> the exchange (state kept per tensor, e.g. block scores)
-        self.deferred: list[tuple[torch.futures.Future, torch.Tensor, list[torch.Tensor]]] = []
+        # per bucket of the step still open: its future, buffer, deferred small tensors, and the
+        # future of its all-reduce where one is still in flight (a dense bucket, see dense_bucket)
+        self.deferred: list[tuple[torch.futures.Future, torch.Tensor, list, Optional[torch.futures.Future]]] = []
         self._flat: dict[tuple, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         self._ring: Optional[Ring] = None
         self._thread: Optional[CommThread] = None
@@ -289,15 +291,16 @@ class RingTopkState:
         return self.names.get(id(p), f"bucket{index}.{i}")
 
     def process(self, index: int, buffer: torch.Tensor, grads: list[torch.Tensor], params: list[torch.Tensor],
-                step: int) -> list[tuple[str, torch.Tensor]]:
-        """Reduce the bucket's large tensors in place; return its small ones, named (deferred)."""
+                step: int) -> tuple[list[tuple[str, torch.Tensor]], Optional[torch.futures.Future]]:
+        """Reduce the bucket's large tensors in place; return its small ones, named (deferred), and
+        the future of an all-reduce still in flight (a dense bucket), if any."""
         if not self._ready:
             self.first_use(params)
         named = [(self.name_of(index, i, p), g) for i, (g, p) in enumerate(zip(grads, params))]
         large = [(n, g) for n, g in named if g.numel() >= self.dense_below]
         small = [(n, g) for n, g in named if g.numel() < self.dense_below]
         if not large:
-            return small
+            return small, None
         names = [n for n, _ in large]
         segments, offset = [], 0
         for tname, g in large:
@@ -323,38 +326,44 @@ class RingTopkState:
             else:
                 lo, hi = torch.searchsorted(sent, torch.tensor([seg.offset, seg.offset + seg.numel])).tolist()
                 self.memory.update(tname, sent[lo:hi] - seg.offset)
-        return small
+        return small, None
 
-    def dense_bucket(self, buffer: torch.Tensor, named: list, large: list, small: list,
-                     dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
-        """The bucket all-reduced dense, its values in `dtype` on the wire. With nothing held back in the memory this is exactly DDP's
-        all-reduce of the whole bucket, small tensors too; a memory that holds something is
-        flushed with it (error feedback's residual, DGC's velocity and local momentum). Then the
-        memory makes the update of every tensor (DGC: momentum on the average)."""
+    def dense_bucket(self, buffer: torch.Tensor, named: list, large: list, small: list, dtype: torch.dtype
+                     ) -> tuple[list[tuple[str, torch.Tensor]], Optional[torch.futures.Future]]:
+        """The bucket all-reduced dense, its values in `dtype` on the wire. With nothing held back
+        in the memory this is DDP's all-reduce of the whole bucket, small tensors too, issued
+        asynchronously as DDP's own hooks do: the thread goes on to the next bucket while gloo
+        sums this one (issued from this one thread, so every rank's collectives keep one order),
+        and the memory makes the update of every tensor (DGC: momentum on the average) once the
+        sum lands. A memory that holds something is flushed with it (error feedback's residual,
+        DGC's velocity and local momentum), synchronously."""
         if all(self.memory.is_clean(t) for t, _ in large):
-            self.mean_over_ring(buffer, dtype)
-            for tname, g in named:
-                self.memory.dense(tname, g.view(-1))
-            return []
+            def update(avg: torch.Tensor) -> torch.Tensor:
+                for tname, g in named:
+                    self.memory.dense(tname, g.view(-1))
+                return avg
+
+            return [], self.mean_over_ring_async(buffer, dtype).then(lambda f: update(f.value()))
         parts = [self.memory.flush_input(t, g.view(-1)) for t, g in large]
         msg = torch.cat(parts)
-        self.mean_over_ring(msg, dtype)
+        self.mean_over_ring_async(msg, dtype).wait()
         at = 0
         for (tname, g), part in zip(large, parts):
             self.memory.flush_output(tname, msg[at : at + part.numel()], g.view(-1))
             at += part.numel()
-        return small
+        return small, None
 
-    def mean_over_ring(self, t: torch.Tensor, dtype: torch.dtype) -> None:
-        """t <- its mean over the ring, in place. In 16 bits (dense-fp16, --value-dtype) it travels
-        as t / N in 16 bits, summed in that format, as DDP's fp16 compression hook sends a bucket."""
-        wire = t if dtype == t.dtype else t.div_(self.ring.size).to(dtype)
-        dist.all_reduce(wire, group=self.process_group)
-        self.meter.add("dense", int(ring_bytes(wire.numel(), self.ring.size, wire.element_size())))
+    def mean_over_ring_async(self, t: torch.Tensor, dtype: torch.dtype) -> torch.futures.Future:
+        """t <- its mean over the ring, in place, once the returned future completes. In 16 bits
+        (dense-fp16, --value-dtype) it travels as t / N in 16 bits, summed in that format, exactly
+        as DDP's fp16 compression hook sends a bucket (cast, then divide)."""
+        n = self.ring.size
+        wire = t if dtype == t.dtype else t.to(dtype).div_(n)
+        work = dist.all_reduce(wire, group=self.process_group, async_op=True)
+        self.meter.add("dense", int(ring_bytes(wire.numel(), n, wire.element_size())))
         if wire is t:
-            t.div_(self.ring.size)
-        else:
-            t.copy_(wire)
+            return work.get_future().then(lambda f: t.div_(n))
+        return work.get_future().then(lambda f: t.copy_(f.value()[0]))
 
     def reduce_small(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """One dense all-reduce for every deferred small tensor of the step."""
@@ -373,6 +382,26 @@ class RingTopkState:
             offset += t.numel()
 
 
+def _complete(fut: torch.futures.Future, buffer: torch.Tensor, inflight: Optional[torch.futures.Future]) -> None:
+    """Hand DDP the bucket now, or when its all-reduce lands (its error, if it fails: a timeout
+    names what it waited for)."""
+    if inflight is None:
+        fut.set_result(buffer)
+        return
+
+    def done(f: torch.futures.Future) -> None:
+        if fut.done():  # a later bucket's failure has failed it already
+            return
+        try:
+            f.value()
+        except BaseException as e:  # noqa: BLE001 - DDP re-raises it from backward()
+            fut.set_exception(e)
+            return
+        fut.set_result(buffer)
+
+    inflight.add_done_callback(done)
+
+
 def ring_topk_hook(state, bucket):
     """DDP communication hook (state: RingTopkState). No annotations on purpose: DDP compares
     them to its own classes, and this module's postponed annotations would be strings."""
@@ -384,26 +413,26 @@ def ring_topk_hook(state, bucket):
         try:
             t0 = time.perf_counter()
             with trace.get().span(f"bucket {index}", "comm", lane="comm", step=step, density=state.schedule(step)):
-                small = state.process(index, buffer, grads, params, step)
+                small, inflight = state.process(index, buffer, grads, params, step)
             if small or last:  # the last bucket's future too: the step's work ends before backward() returns
-                state.deferred.append((fut, buffer, small))
+                state.deferred.append((fut, buffer, small, inflight))
             else:
-                fut.set_result(buffer)
+                _complete(fut, buffer, inflight)
             if last:
                 with trace.get().span("small tensors (fused)", "comm", lane="comm"):
-                    state.reduce_small([t for _, _, ts in state.deferred for t in ts])
+                    state.reduce_small([t for _, _, ts, _ in state.deferred for t in ts])
                 state.iteration += 1
                 state._step_comm += time.perf_counter() - t0
                 state.step_done(state._step_comm)
                 state._step_comm = 0.0
                 pending, state.deferred = state.deferred, []  # only now: a failure above fails them all
-                for f, buf, _ in pending:
-                    f.set_result(buf)
+                for f, buf, _, inflight in pending:
+                    _complete(f, buf, inflight)
             else:
                 state._step_comm += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - DDP re-raises it from backward()
             pending, state.deferred = state.deferred, []
-            for f, _, _ in pending:
+            for f, _, _, _ in pending:
                 if not f.done():
                     f.set_exception(e)
             if not fut.done():

@@ -78,6 +78,7 @@ class Exchange:
     value_dtype = torch.float32  # what values travel in (sums stay fp32)
     fixed_dtype: Optional[torch.dtype] = None  # what values travel in whatever --value-dtype says
     whole = False  # True: no selection, the whole bucket is all-reduced (by the hook, small tensors too)
+    lossy = False  # True: rounds what a full selection would send exactly (auto leaves it out at density 1)
 
     @classmethod
     def wire_bytes(cls, value_bytes: int) -> int:
@@ -180,6 +181,8 @@ def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.
     where given, `progress` for every sparse one. Where priced alike, a whole-bucket exchange wins,
     then the cheaper."""
     names = candidates or auto_candidates()
+    if k >= n:  # density 1: nothing is to be compressed, so nothing is rounded either (plain DDP)
+        names = tuple(c for c in names if not EXCHANGES.get(c).lossy) or names
     costs = {c: price(c, n, k, N, p, block, value_bytes).exposed(overlap_s, p.cpu_share) for c in names}
 
     def per_progress(c: str) -> tuple[float, bool, float]:

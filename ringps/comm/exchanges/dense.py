@@ -6,7 +6,8 @@ fp16|bf16`. `dense-fp16` always sends it in fp16, as DDP's fp16 compression hook
 fast enough for dense, the auto choice weighs sparse fp32 updates against the 16-bit all-reduce a
 user would otherwise run (fp16 DDP reached the target in as many steps as fp32 DDP, docs/RESULTS.md
 §1), and a user who keeps the default fp32 values still gets it there. Both are `whole`: the hook
-all-reduces the bucket itself (RingTopkState.dense_bucket), small tensors included.
+all-reduces the bucket itself (RingTopkState.dense_bucket), small tensors included. At density 1
+auto leaves `dense-fp16` out: a user who asks for no compression gets plain DDP's sums.
 """
 
 from __future__ import annotations
@@ -52,3 +53,4 @@ class Dense(Exchange):
 class DenseFp16(Dense):
     name = "dense-fp16"
     fixed_dtype = torch.float16
+    lossy = True
