@@ -38,7 +38,7 @@ def sparse_input(rank: int, n: int, k: int, overlap: bool) -> torch.Tensor:
 
 
 CASES = [(1000, 50, True), (1000, 50, False), (997, 0, False), (997, 997, False), (10, 3, True)]
-NAMES = ["allgather", "sparse-rs", "gloo-allgather", "dense"]
+NAMES = ["allgather", "sparse-rs", "gloo-allgather", "dense", "dense-fp16"]
 
 
 def exchange_cases(rank, world):
@@ -62,10 +62,13 @@ def test_exchange_equals_dense_sum(world):
     for case in res[0]:
         for per_rank in res:
             upd, ref, sent, x = per_rank[case]
-            assert torch.allclose(upd, ref, atol=1e-6), case
+            # dense-fp16: each value rounded to 16 bits once, each partial sum on the ring too
+            tol = dict(rtol=2e-3, atol=2e-3) if case[0] == "dense-fp16" else dict(atol=1e-6)
+            assert torch.allclose(upd, ref, **tol), case
             if sent is not None:
                 assert torch.equal(sent, torch.nonzero(x, as_tuple=True)[0]), case
             assert torch.equal(upd, res[0][case][0]), f"replicas differ: {case}"
+    assert any(not torch.equal(res[0][c][0], res[0][c][1]) for c in res[0] if c[0] == "dense-fp16")  # it did round
 
 
 SHARED = [(1000, 64, 16), (1001, 100, 7), (50, 0, 4), (64, 64, 8)]

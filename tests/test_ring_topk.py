@@ -147,6 +147,23 @@ def dense_fp16_against_ddp(rank, world):
             state.meter.sent.get("dense", 0))
 
 
+def test_a_failed_all_reduce_fails_the_bucket_future():
+    """A dense bucket's all-reduce runs on after the hook returns: its failure (a peer gone, a
+    timeout) must reach DDP's future for the bucket, which backward() then raises."""
+    from ringps.hooks.ring_topk import _complete
+
+    inflight, fut, buf = torch.futures.Future(), torch.futures.Future(), torch.zeros(3)
+    _complete(fut, buf, inflight)
+    assert not fut.done()
+    inflight.set_exception(RuntimeError("rank 1: connection closed"))
+    with pytest.raises(RuntimeError, match="rank 1"):
+        fut.wait()
+    ok, fut2 = torch.futures.Future(), torch.futures.Future()
+    _complete(fut2, buf, ok)
+    ok.set_result(None)
+    assert fut2.wait() is buf
+
+
 def test_dense_fp16_is_ddps_fp16_hook():
     """dense-fp16 is what a user of DDP's fp16 hook runs: after 5 steps at momentum 0.9 the model is
     DDP fp16's bitwise (not fp32 DDP's), in half fp32's bytes."""

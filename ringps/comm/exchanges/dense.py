@@ -52,5 +52,5 @@ class Dense(Exchange):
 @EXCHANGES.register("dense-fp16")
 class DenseFp16(Dense):
     name = "dense-fp16"
-    fixed_dtype = torch.float16
+    fixed_dtype = value_dtype = torch.float16
     lossy = True
