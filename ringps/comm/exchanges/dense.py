@@ -43,7 +43,7 @@ class Dense(Exchange):
             dist.all_reduce(out, group=ring.group)
             _meter_ring(ring, self.name, out)
             return Reduced(out.div_(ring.size), None)
-        wire = out.div_(ring.size).to(self.value_dtype)  # divided first, as DDP's fp16 hook does: the sum stays in range
+        wire = out.to(self.value_dtype).div_(ring.size)  # cast, then divide, as DDP's fp16 hook: the sum stays in range
         dist.all_reduce(wire, group=ring.group)
         _meter_ring(ring, self.name, wire)
         return Reduced(out.copy_(wire), None)
