@@ -186,14 +186,39 @@ def layer_job(rank, world, out: str, policy: str, servers: int, steps: int, meth
     client.refresh()
     g = torch.Generator().manual_seed(rank)
     seen = []
+    # the pace, by files rather than by the clock alone (a loaded machine must not reorder it): the
+    # slow worker waits until the first worker is 4 steps per step of its own ahead (it falls
+    # behind the log, and its pushes are stale); the first waits, half-way, for the slow one's
+    # first push (so it replays another worker's update beside its own)
+    first, last = servers, world - 1
+    progress = Path(out) / "progress"
+
+    def wait_for(cond, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, f"rank {rank}: waited 60 s for {what}"
+            time.sleep(0.01)
+
+    def count() -> int:
+        return int(progress.read_text() or 0) if progress.is_file() else 0
+
     for step in range(steps):
         client.begin_step(0.3, step + 1)
         grads.zero_()
         x, y = torch.randn(6, 12, generator=g), torch.randint(0, 4, (6,), generator=g)
         nn.functional.cross_entropy(model(x), y).backward()
-        if rank == world - 1:
+        if rank == last and last != first:
             time.sleep(slow)
+            wait_for(lambda: count() >= min(steps, 4 * (step + 1)), "the first worker's steps")
+        if rank == first and step == steps // 2:
+            wait_for((Path(out) / "pushed").is_file, "the slow worker's first push")
         client.settle()
+        if rank == first:
+            tmp = progress.with_suffix(".tmp")
+            tmp.write_text(str(step + 1))
+            tmp.replace(progress)  # whole, never half-written
+        if rank == last and last != first:
+            (Path(out) / "pushed").touch()
         seen.append((list(client.versions), values.clone()))
     client.close()
     return {"seen": seen, "refreshes": sum(refreshes[1:]), "most_entries": max(entries)}
