@@ -191,6 +191,7 @@ def layer_job(rank, world, out: str, policy: str, servers: int, steps: int, meth
     # behind the log, and its pushes are stale); the first waits, half-way, for the slow one's
     # first push (so it replays another worker's update beside its own)
     first, last = servers, world - 1
+    paced = last != first  # one worker: nobody to wait for
     progress = Path(out) / "progress"
 
     def wait_for(cond, what: str) -> None:
@@ -207,17 +208,17 @@ def layer_job(rank, world, out: str, policy: str, servers: int, steps: int, meth
         grads.zero_()
         x, y = torch.randn(6, 12, generator=g), torch.randint(0, 4, (6,), generator=g)
         nn.functional.cross_entropy(model(x), y).backward()
-        if rank == last and last != first:
+        if rank == last and paced:
             time.sleep(slow)
             wait_for(lambda: count() >= min(steps, 4 * (step + 1)), "the first worker's steps")
-        if rank == first and step == steps // 2:
+        if rank == first and paced and step == steps // 2:
             wait_for((Path(out) / "pushed").is_file, "the slow worker's first push")
         client.settle()
         if rank == first:
             tmp = progress.with_suffix(".tmp")
             tmp.write_text(str(step + 1))
             tmp.replace(progress)  # whole, never half-written
-        if rank == last and last != first:
+        if rank == last and paced:
             (Path(out) / "pushed").touch()
         seen.append((list(client.versions), values.clone()))
     client.close()

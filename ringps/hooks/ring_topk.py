@@ -311,13 +311,14 @@ class RingTopkState:
         overlap = min(self.overlap.get(id(p), 0.0) for g, p in zip(grads, params) if g.numel() >= self.dense_below)
         name = self.plan(segments, overlap)
         self.chosen[name] = self.chosen.get(name, 0) + 1
-        if EXCHANGES.get(name).whole:
-            return self.dense_bucket(buffer, named, large, small, self.exchange(name).value_dtype)
+        ex = self.exchange(name)
+        if ex.whole:
+            return self.dense_bucket(buffer, named, large, small, ex.value_dtype)
         acc, out = self.buffers(index, names, [g for _, g in large])
         for tname, g in large:
             self.memory.compensate(tname, g.view(-1))  # accumulates into acc in place
         dest = out if out is not None else large[0][1].view(-1)
-        sent = self.exchange(name).reduce(acc, segments, self.selector, self.ring, step, dest).sent
+        sent = ex.reduce(acc, segments, self.selector, self.ring, step, dest).sent
         for seg, (tname, g) in zip(segments, large):
             if out is not None:
                 g.view(-1).copy_(out[seg.offset : seg.offset + seg.numel])
@@ -338,12 +339,12 @@ class RingTopkState:
         sum lands. A memory that holds something is flushed with it (error feedback's residual,
         DGC's velocity and local momentum), synchronously."""
         if all(self.memory.is_clean(t) for t, _ in large):
-            def update(avg: torch.Tensor) -> torch.Tensor:
+            def update(summed: torch.futures.Future) -> torch.Tensor:
                 for tname, g in named:
                     self.memory.dense(tname, g.view(-1))
-                return avg
+                return summed.value()
 
-            done = self.mean_over_ring_async(buffer, dtype).then(lambda f: update(f.value()))
+            done = self.mean_over_ring_async(buffer, dtype).then(update)
             if self.compute_s is None and self.exchange_name == "auto":
                 done.wait()  # the steps that measure compute: the hook's time must hold the collective's
                 return [], None

@@ -142,8 +142,9 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     name, _ = choose_exchange(large, k, n, p, overlap, compute_s=compute_per_param * large,
                               progress=o.sparse_progress, value_bytes=o.value_bytes)
     cost = price(name, large, k, n, p, value_bytes=o.value_bytes)
-    if EXCHANGES.get(name).whole:  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
-        vb = EXCHANGES.get(name).wire_bytes(o.value_bytes)
+    ex = EXCHANGES.get(name)
+    if ex.whole:  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket)
+        vb = ex.wire_bytes(o.value_bytes)
         return Comm(allreduce_s(b.params * vb, c) + cost.cpu_s, ring_bytes(b.params, n, vb), 0, large)
     return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress))
 
