@@ -31,6 +31,7 @@ from ringps.config import Config, validate
 from ringps.data import load_dataset
 from ringps.data.loader import steps_per_epoch
 from ringps.errors import RingpsError, first_line
+from ringps.malloc import keep_freed_memory
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES, WorkerContext
 from ringps.strategies.base import Stretch
@@ -71,6 +72,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.set_num_threads(cfg.run.threads)
+    keep_freed_memory(cfg.run.malloc_keep_mb)
     backend = pick_backend(cfg)
     device = torch.device(f"cuda:{local_rank}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
