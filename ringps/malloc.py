@@ -4,10 +4,11 @@ A training step frees and re-allocates the same large tensors (activations, grad
 16-bit wire buffers) every step. glibc's defaults hand large blocks back to the OS when freed
 (`M_TRIM_THRESHOLD`, `M_MMAP_THRESHOLD`, adjusted on the fly), so each step faults its pages
 back in. How often it does so depends on which threads allocate and free: with ring-topk's hook,
-whose communication thread allocates beside the backward pass, facenet on 4 CPU ranks took 2.4x
-the page faults and 1.8x the system time per step of DDP's fp16 hook, and every phase of the step
-(forward, optimizer, evaluation too) ran 10-20% slower on the shared cores. With freed memory
-kept, both hooks faulted 5-8 thousand times per step and stepped alike (benchmarks/malloc.py).
+whose communication thread allocates beside the backward pass, facenet on 4 CPU ranks took 1.6x
+the page faults and system time per step of DDP's fp16 hook sending the same bytes, and every
+phase of the step (forward, optimizer, evaluation too) ran 8-36% slower on 2 shared cores. With
+freed memory kept, both hooks faulted about 5 thousand times per step, a fifth of fp16's
+default, and stepped within 3% (benchmarks/malloc.py; docs/RESULTS.md).
 
 PyTorch's CPU tuning guides reach for jemalloc or tcmalloc for the same reason; this needs no
 preload. A user who runs the hooks in their own loop calls `keep_freed_memory()` at start.

@@ -37,6 +37,7 @@ from ringps.comm.ring import ring_allreduce
 from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold, Selection, Selector
 from ringps.cost import CostParams, ring_bytes
+from ringps.malloc import keep_freed_memory
 
 SPARSE_BENCH = ("allgather", "shared-index", "sparse-rs", "gloo-allgather")
 
@@ -107,6 +108,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--recall-steps", type=int, default=12)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    keep_freed_memory()  # as training workers run
     init_from_env("gloo", 600.0)
     rank, N = dist.get_rank(), dist.get_world_size()
     latency, bandwidth = measure_links()

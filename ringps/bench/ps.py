@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from ringps.comm.group import init_from_env
 from ringps.config import validate
+from ringps.malloc import keep_freed_memory
 from ringps.ps import POLICIES
 from ringps.ps.client import Client
 from ringps.ps.layout import Layout, flatten_into
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--policy", default="async")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    keep_freed_memory()  # as training workers run
     init_from_env("gloo", 300.0)
     rank, world = dist.get_rank(), dist.get_world_size()
     server_rank, workers = world - 1, list(range(world - 1))

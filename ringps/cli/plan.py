@@ -15,6 +15,7 @@ from rich.table import Table
 from ringps.cli.tables import wide_console
 from ringps.config import parse_rate, validate
 from ringps.errors import ConfigError
+from ringps.malloc import keep_freed_memory
 
 HELP = "print the layer-aware transmission plan (method, priority, partition, predicted times)"
 
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--net {args.net}: {e}") from None
     cfg = validate({"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size})
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the workers whose compute this stands for
     data = load_dataset(cfg.data)
     torch.manual_seed(0)
     model = build_model(args.model, data.shape, data.num_classes)

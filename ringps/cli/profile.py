@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ringps.config import validate
+from ringps.malloc import keep_freed_memory
 
 HELP = "measure a model's per-layer step profile (YAML for ringps simulate)"
 
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = validate({"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size})
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the workers whose compute this stands for
     data = load_dataset(cfg.data)
     torch.manual_seed(0)
     model = build_model(args.model, data.shape, data.num_classes)
