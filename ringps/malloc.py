@@ -26,14 +26,21 @@ log = logging.getLogger("ringps")
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 MMAP_MAX = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64 bits (HEAP_MAX_SIZE / 2)
-ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD")
+ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+
+
+def user_tuned() -> bool:
+    """The user set glibc's allocator variables, or preloads another allocator (jemalloc, tcmalloc,
+    mimalloc: their names all say malloc)."""
+    return any(os.environ.get(v) for v in ENV) or "malloc" in os.environ.get("LD_PRELOAD", "")
 
 
 def keep_freed_memory(keep_mb: int = 256) -> bool:
     """Keep up to `keep_mb` MB of freed memory for reuse and serve blocks up to 32 MB from it.
     Returns whether it applied: not off glibc, with keep_mb 0, or where the user tuned the
-    allocator already (MALLOC_* variables, a preloaded allocator), which it leaves alone."""
-    if keep_mb <= 0 or not sys.platform.startswith("linux") or any(os.environ.get(v) for v in ENV):
+    allocator already (MALLOC_* variables or GLIBC_TUNABLES, a preloaded allocator), which it
+    leaves alone."""
+    if keep_mb <= 0 or not sys.platform.startswith("linux") or user_tuned():
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

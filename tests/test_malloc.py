@@ -55,3 +55,16 @@ def test_a_user_tuned_allocator_is_left_alone():
     applied, given_back = probe(256, MALLOC_MMAP_THRESHOLD_="131072")
     assert not applied
     assert given_back > 20  # the user's threshold holds
+    applied, _ = probe(256, GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072")
+    assert not applied
+
+
+def test_a_preload_that_is_no_allocator_does_not_count(monkeypatch):
+    from ringps.malloc import ENV, user_tuned
+
+    for v in ENV:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/faketime/libfaketime.so.1")
+    assert not user_tuned()
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert user_tuned()
