@@ -18,6 +18,7 @@ import os
 import resource
 import statistics
 import time
+from pathlib import Path
 
 from common import add_out_arg, console, guarded, write_report
 from rich.markup import escape
@@ -46,6 +47,7 @@ def rank_main(rank: int, world: int, hook: str, keep_mb: int, port: int, steps: 
     torch.manual_seed(0)
     model = build_model("facenet", (1, 112, 92), 40)
     ddp = DDP(model, gradient_as_bucket_view=True)
+    state = None
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     else:
@@ -83,7 +85,7 @@ def rank_main(rank: int, world: int, hook: str, keep_mb: int, port: int, steps: 
     queue.put(out)
     dist.barrier()
     dist.destroy_process_group()
-    if hook != "fp16":
+    if state is not None:
         state.close()
 
 
@@ -113,7 +115,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     add_out_arg(p)
     args = p.parse_args()
-    out = args.out or __import__("pathlib").Path("runs") / f"bench-malloc-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or Path("runs") / f"bench-malloc-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
     port = 29700 + os.getpid() % 1000

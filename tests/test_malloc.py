@@ -3,6 +3,7 @@ the allocator already. Each case runs in a fresh interpreter (mallopt changes th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -32,8 +33,6 @@ PROBE = textwrap.dedent("""
 
 
 def probe(keep_mb: int, **env: str) -> tuple[bool, float]:
-    import os
-
     out = subprocess.run([sys.executable, "-c", PROBE, str(keep_mb)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, **env}, check=True).stdout.split()
     return out[0] == "True", float(out[1])

@@ -232,12 +232,18 @@ class RingTopkState:
     # -- the work of one bucket (runs on the communication thread) ------------------------
     MEASURED_STEPS = 3  # steps whose compute sets compute_s when the user gave none
 
+    @property
+    def measuring_compute(self) -> bool:
+        """auto, and the step's compute not known yet (no profile, no compute_s=): the first
+        steps measure it, dense and with every collective inside the hook's time."""
+        return self.compute_s is None and self.exchange_name == "auto"
+
     def step_done(self, comm_s: float) -> None:
         """After the step's last bucket: note its compute (wall since the last step, less the
         hook's own work); after MEASURED_STEPS of them every rank takes the slowest rank's median,
         so all plan alike, and the buckets are planned afresh with it."""
         now = time.perf_counter()
-        if self._step_end and self.compute_s is None and self.exchange_name == "auto":
+        if self._step_end and self.measuring_compute:
             self._steps.append(max(0.0, now - self._step_end - comm_s))
             if len(self._steps) >= self.MEASURED_STEPS:
                 t = torch.tensor([statistics.median(self._steps)], dtype=torch.float64)
@@ -345,7 +351,7 @@ class RingTopkState:
                 return summed.value()
 
             done = self.mean_over_ring_async(buffer, dtype).then(update)
-            if self.compute_s is None and self.exchange_name == "auto":
+            if self.measuring_compute:
                 done.wait()  # the steps that measure compute: the hook's time must hold the collective's
                 return [], None
             return [], done
