@@ -224,6 +224,10 @@ class PSConfig(Section):
     vsgd_scope: Literal["tensor", "push"] = Field(
         "tensor", description="vsgd: tensor: each tensor weighed by its own distance; push: one weight for the whole push "
         "(the median of its tensors' weights), which keeps the gradient's direction")
+    async_momentum: Optional[float] = Field(
+        None, ge=0, lt=1, description="the servers' momentum for asynchronous policies (every ps-* but ps-sync); "
+        "default: max(0, 1 - workers x (1 - momentum)), 0.6 for 4 workers at --momentum 0.9, which offsets the "
+        "momentum asynchrony adds (Mitliagkas et al. 2016; docs/RESULTS.md). ps-sync uses --momentum")
     dcasgd_lambda: float = Field(0.04, ge=0, description="dcasgd: delay-compensation strength")
     dcasgd_adaptive: bool = Field(
         False, description="dcasgd: DC-ASGD-a, strength lambda / sqrt(running mean of g*g) per entry (the paper uses "

@@ -107,6 +107,7 @@ def test_ps_sync_equals_ddp(tmp_path):
             assert torch.allclose(a[k], b[k], atol=1e-5), k
     s = json.loads((tmp_path / "ps-sync" / "summary.json").read_text())
     assert s["pushes_applied"] == 12 and s["max_applied_staleness"] == 0 and s["staleness_histogram"] == {"0": 12}
+    assert s["server_momentum"] == 0.9  # BSP: DDP's momentum, no asynchrony to offset
 
 
 def test_evaluation_holds_an_asynchronous_job_still(tmp_path):
@@ -126,6 +127,7 @@ def test_evaluation_holds_an_asynchronous_job_still(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     paused = [s["per_worker"][w]["paused_s"] for w in ("1", "2")]
     assert s["per_worker"]["0"]["paused_s"] == 0.0 and all(p > 0.0 for p in paused), paused
+    assert s["server_momentum"] == pytest.approx(0.7)  # 3 workers: 1 - 3 x (1 - 0.9)
 
 
 def _start(tmp_path: Path, strategy: str, workers: int = 3):

@@ -72,6 +72,23 @@ def test_threshold_default_follows_the_workers_and_ssp_keeps_its_bound():
     assert make_server("async")[0].stats()["staleness_threshold"] is None
 
 
+ASYNC = ("async", "threshold", "ssp", "stale-lr", "dcasgd", "vsgd")
+
+
+@pytest.mark.parametrize("workers, want", [(1, 0.9), (2, 0.8), (4, 0.6), (10, 0.0), (40, 0.0)])
+def test_async_momentum_offsets_the_momentum_asynchrony_adds(workers, want):
+    """(1 - server momentum) x (1 - asynchrony's 1 - 1/N) = 1 - 0.9, floored at 0; BSP keeps 0.9."""
+    for name in ASYNC:
+        assert POLICIES.build(name, config(workers=workers)).momentum(0.9, workers) == pytest.approx(want), name
+    assert POLICIES.build("sync", config(workers=workers)).momentum(0.9, workers) == 0.9
+
+
+def test_async_momentum_given_is_used_by_every_asynchronous_policy_and_not_by_sync():
+    for name in ASYNC:
+        assert POLICIES.build(name, config(workers=4, async_momentum=0.3)).momentum(0.9, 4) == 0.3
+    assert POLICIES.build("sync", config(workers=4, async_momentum=0.3)).momentum(0.9, 4) == 0.9
+
+
 def test_threshold_with_large_T_equals_async():
     steps = script(make_server("async")[0].n)
     a, _ = replay("async", steps)

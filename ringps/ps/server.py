@@ -120,7 +120,8 @@ class Server:
         sample seed from the config, ranks and timeout from the worker context."""
         t = cfg.train
         return cls(ctx.rank, ctx.server_ranks.index(ctx.rank), list(ctx.worker_ranks), layout, policy, initial,
-                   momentum=t.momentum, weight_decay=t.weight_decay, timeout=ctx.timeout,
+                   momentum=policy.momentum(t.momentum, len(ctx.worker_ranks)), weight_decay=t.weight_decay,
+                   timeout=ctx.timeout,
                    recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=cfg.ps.ps_checkpoint_every,
                    out_dir=ctx.out_dir, sample_seed=cfg.run.seed, budget=budget, server_ranks=ctx.server_ranks, **extra)
 
@@ -441,5 +442,6 @@ class Server:
             "failed_workers": {int(k): v for k, v in self.failed.items()},
             # the T in effect (threshold's default depends on the number of workers)
             "staleness_threshold": self.policy.threshold if self.policy.uses_threshold else None,
+            "server_momentum": self.mu,  # the policy's (asynchronous ones offset asynchrony's own)
             "buffer_bytes": self.recv.nbytes + self.snapshots.nbytes, "snapshot_copies": self.snapshots.copies,
         }

@@ -120,7 +120,8 @@ class ParameterServer(Strategy):
         if self.layer_mode:
             specs = layer_specs(model, plan, layout, self.cfg.compress.density)
             self.layered = LayeredClient(ctx.rank, ctx.server_ranks, model, specs, layout, self.values, self.grads,
-                                         ctx.timeout, t.momentum, t.weight_decay, sample_fraction=fraction,
+                                         ctx.timeout, self.policy.momentum(t.momentum, ctx.workers), t.weight_decay,
+                                         sample_fraction=fraction,
                                          sample_seed=self.cfg.run.seed)
             self.layered.refresh()
         else:
@@ -251,6 +252,7 @@ class ParameterServer(Strategy):
             "servers": {str(s["server"]): {k: s[k] for k in keys if k in s} for s in servers},
             "policy": first.get("policy"),
             "staleness_threshold": first.get("staleness_threshold"),
+            "server_momentum": first.get("server_momentum"),
         }
 
 
