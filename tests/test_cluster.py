@@ -146,6 +146,29 @@ def test_torchrun_two_nodes_across_emulated_hosts(tmp_path, no_leftovers):
     assert counters[1]["tx_bytes"] > 6 * 4 * 100_000
 
 
+@needs_root
+def test_layered_worker_replays_factor_layers_with_the_servers_momentum(tmp_path, no_leftovers):
+    """A slow link makes the planner send the large layer as sufficient factors, which the worker
+    replays: with one worker, its copy after the last step equals the server's values bit for
+    bit, which it cannot if it replays with another momentum than the server's (--async-momentum)."""
+    import torch
+
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "ringps", "train", *TINY, "--strategy", "ps-async", "--layer-strategy",
+                        "auto", "--workers", "1", "--steps", "6", "--checkpoint-every", "6", "--ps-checkpoint-every", "6",
+                        "--async-momentum", "0.5", "--net", "10mbit", "--out", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((out / "plan.json").read_text())["auto"]["layers"]
+    assert "sf" in [layer["method"] for layer in plan], plan
+    assert json.loads((out / "summary.json").read_text())["server_momentum"] == 0.5
+    model = torch.load(out / "checkpoints" / "step6" / "rank0.pt", weights_only=False)["model"]
+    server = torch.load(out / "checkpoints" / "server0" / "latest.pt", weights_only=False)
+    assert server["version"] == 6
+    mine = torch.cat([t.flatten() for t in model.values()])
+    assert torch.equal(mine.sort().values, server["values"].sort().values)  # the same values, in shard order or not
+
+
 def test_net_without_root_or_iproute2_is_one_line(tmp_path):
     """Without `ip` on PATH (or without root) --net fails at once, naming what is missing."""
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
