@@ -94,7 +94,7 @@ class Policy:
         equal to synchronous training's 1 - mu: mu_server = 1 - N(1 - mu), at least 0."""
         if self.async_momentum is not None:
             return self.async_momentum
-        return max(0.0, 1.0 - workers * (1.0 - mu))
+        return round(max(0.0, 1.0 - workers * (1.0 - mu)), 12)  # 0.7, not 0.7000000000000001, in summary.json
 
     def default_threshold(self, workers: int) -> int:
         return self.DEFAULT_THRESHOLD
