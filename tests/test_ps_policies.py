@@ -79,14 +79,14 @@ ASYNC = ("async", "threshold", "ssp", "stale-lr", "dcasgd", "vsgd")
 def test_async_momentum_offsets_the_momentum_asynchrony_adds(workers, want):
     """(1 - server momentum) x (1 - asynchrony's 1 - 1/N) = 1 - 0.9, floored at 0; BSP keeps 0.9."""
     for name in ASYNC:
-        assert POLICIES.build(name, config(workers=workers)).momentum(0.9, workers) == pytest.approx(want), name
-    assert POLICIES.build("sync", config(workers=workers)).momentum(0.9, workers) == 0.9
+        assert POLICIES.build(name, config(workers=workers)).server_momentum == pytest.approx(want), name
+    assert POLICIES.build("sync", config(workers=workers)).server_momentum == 0.9
 
 
 def test_async_momentum_given_is_used_by_every_asynchronous_policy_and_not_by_sync():
     for name in ASYNC:
-        assert POLICIES.build(name, config(workers=4, async_momentum=0.3)).momentum(0.9, 4) == 0.3
-    assert POLICIES.build("sync", config(workers=4, async_momentum=0.3)).momentum(0.9, 4) == 0.9
+        assert POLICIES.build(name, config(workers=4, async_momentum=0.3)).server_momentum == 0.3
+    assert POLICIES.build("sync", config(workers=4, async_momentum=0.3)).server_momentum == 0.9
 
 
 def test_threshold_with_large_T_equals_async():

@@ -57,7 +57,7 @@ def serve(model: nn.Module, policy: str = "async", servers: int = 1, momentum: f
     index = ranks.index(dist.get_rank())
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     server = Server(dist.get_rank(), index, workers, layout, pol, gather(flat, layout, index),
-                    pol.momentum(momentum, len(workers)), weight_decay, timeout, sample_seed=cfg.run.seed,
+                    pol.server_momentum, weight_decay, timeout, sample_seed=cfg.run.seed,
                     server_ranks=ranks)
     server.serve()
     return server.stats()

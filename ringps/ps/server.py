@@ -120,7 +120,7 @@ class Server:
         sample seed from the config, ranks and timeout from the worker context."""
         t = cfg.train
         return cls(ctx.rank, ctx.server_ranks.index(ctx.rank), list(ctx.worker_ranks), layout, policy, initial,
-                   momentum=policy.momentum(t.momentum, len(ctx.worker_ranks)), weight_decay=t.weight_decay,
+                   momentum=policy.server_momentum, weight_decay=t.weight_decay,
                    timeout=ctx.timeout,
                    recorder=Recorder(ctx.out_dir, ctx.rank), checkpoint_every=cfg.ps.ps_checkpoint_every,
                    out_dir=ctx.out_dir, sample_seed=cfg.run.seed, budget=budget, server_ranks=ctx.server_ranks, **extra)

@@ -120,7 +120,7 @@ class ParameterServer(Strategy):
         if self.layer_mode:
             specs = layer_specs(model, plan, layout, self.cfg.compress.density)
             self.layered = LayeredClient(ctx.rank, ctx.server_ranks, model, specs, layout, self.values, self.grads,
-                                         ctx.timeout, self.policy.momentum(t.momentum, ctx.workers), t.weight_decay,
+                                         ctx.timeout, self.policy.server_momentum, t.weight_decay,
                                          sample_fraction=fraction,
                                          sample_seed=self.cfg.run.seed)
             self.layered.refresh()

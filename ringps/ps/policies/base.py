@@ -82,9 +82,9 @@ class Policy:
     def __init__(self, cfg):
         t = cfg.ps.staleness_threshold
         self.threshold = self.default_threshold(cfg.run.workers) if t is None else t
-        self.async_momentum = cfg.ps.async_momentum
+        self.server_momentum = self.momentum(cfg)
 
-    def momentum(self, mu: float, workers: int) -> float:
+    def momentum(self, cfg) -> float:
         """The servers' SGD momentum (and a layered worker's, which replays their updates).
 
         Asynchrony itself acts as momentum: with N workers a push is on average N - 1 versions
@@ -92,9 +92,9 @@ class Policy:
         synchronous 0.9 it overshoots (ps-async failed to reach the target in 3 of 5 seeds with
         4 equal workers). The default keeps the combined factor (1 - mu_server)(1 - mu_async)
         equal to synchronous training's 1 - mu: mu_server = 1 - N(1 - mu), at least 0."""
-        if self.async_momentum is not None:
-            return self.async_momentum
-        return round(max(0.0, 1.0 - workers * (1.0 - mu)), 12)  # 0.7, not 0.7000000000000001, in summary.json
+        if cfg.ps.async_momentum is not None:
+            return cfg.ps.async_momentum
+        return round(max(0.0, 1.0 - cfg.run.workers * (1.0 - cfg.train.momentum)), 12)  # 0.7, not 0.7000000000000001, in summary.json
 
     def default_threshold(self, workers: int) -> int:
         return self.DEFAULT_THRESHOLD

@@ -27,8 +27,8 @@ class Sync(Policy):
     def lr_share(self, workers: int) -> float:
         return 1.0  # the mean of N batches is one synchronous step
 
-    def momentum(self, mu: float, workers: int) -> float:
-        return mu  # one step per round, as DDP: no asynchrony to offset
+    def momentum(self, cfg) -> float:
+        return cfg.train.momentum  # one step per round, as DDP: no asynchrony to offset
 
     def _lost(self, server, version: int) -> None:
         if server.failed:
