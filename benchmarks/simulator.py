@@ -1,10 +1,10 @@
 """Benchmark: the simulator against this machine's emulated cluster, and beyond it.
 
-1. Validation grid (short runs, cached in --out): facenet on ORL, workers 2 and 4, links
+1. Validation grid (short runs, cached in --out): facenet on ORL, workers 2, 3 and 4, links
    100 Mbit/s and 1 Gbit/s (tc-shaped hosts), slowdown equal (and 1,1,2,4 at 4 workers),
    strategies allreduce, fp16, powersgd, ring-topk, ps-async, ps-threshold. The simulator is
    calibrated on the 2-worker cells (compute scale, link efficiency) and validated on the
-   4-worker cells: per cell the step-time error; the share within 15%, the median error, and
+   3- and 4-worker cells: per cell the step-time error; the share within 15%, the median error, and
    Kendall's tau of the strategies' order by step time per setting.
 2. Extrapolation: efficiency against N (up to 1,024) per strategy at 1, 10 and 100 Gbit/s for
    the facenet and ResNet-50 (K80) profiles, as a table and scaling.png.
@@ -56,7 +56,7 @@ def kendall(a: list[float], b: list[float]) -> float:
 
 def grid(args) -> list[Path]:
     settings = {}
-    for n in (2, 4):
+    for n in (2, 3, 4):
         for net in ("100mbit", "1gbit"):
             settings[f"w{n}-{net}"] = {"workers": n, "net": net}
             if n == 4:
