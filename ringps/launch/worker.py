@@ -166,4 +166,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # Everything this process owes is written and closed by now (records, trace, summary). End
+    # without the interpreter's teardown: it destroys C++ objects of torch.distributed (gloo's
+    # threads, the TCPStore rank 0 hosts) in no set order, and a thread destroyed while still
+    # joinable aborts the process ("terminate called without an active exception", SIGABRT),
+    # which the launcher rightly reports as a failed rank, after a run that succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
