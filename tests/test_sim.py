@@ -27,8 +27,9 @@ def test_ring_allreduce_is_alpha_beta():
     assert ring_allreduce_s(8e6, 4, 1e8, 1e-3) == pytest.approx(6 * 1e-3 + 1.5 * 8e6 / 1e8)
     assert ring_allreduce_s(8e6, 1, 1e8, 1e-3) == 0.0
     c = ClusterSpec(workers=8, net="8gbit", latency_s=0.0, node_size=4, intra_net="80gbit", efficiency=1.0)
-    # reduce-scatter + all-gather inside the node (3/4 of the bytes each), a ring of 1/4 over 2 nodes
-    assert allreduce_s(1e9, c) == pytest.approx(2 * 0.75 * 1e9 / 1e10 + 2 * 0.5 * 0.25e9 / 1e9)
+    # reduce-scatter + all-gather inside the node (3/4 of the bytes each), then 4 rings of 1/4 over
+    # 2 nodes side by side, all through the node's one 1 GB/s link: the whole gigabyte's ring time
+    assert allreduce_s(1e9, c) == pytest.approx(2 * 0.75 * 1e9 / 1e10 + 2 * 0.5 * 1e9 / 1e9)
 
 
 def test_workload_times_from_flops_and_buckets_in_backward_order():
@@ -244,3 +245,67 @@ def test_warm_up_steps_are_priced_as_what_they_run():
     assert extra == pytest.approx(10 * (dense.step_s - none.step_s), rel=0.02)
     # ring-topk's density ramp: 2 epochs of 280 samples at 16 x 4 a step = 10 steps
     assert simulate("ring-topk", w, c, Options(), prog, steps=6).extra["warmup_steps"] == 10
+
+
+def run_link(fairness: float, arrivals: list[tuple[float, float]], rate: float = 1.0, cap=None) -> list[float]:
+    """When each transfer (start time, bytes) through one SharedLink is done."""
+    import simpy
+
+    from ringps.sim.link import SharedLink
+
+    env = simpy.Environment()
+    link, done = SharedLink(env, rate, cap=cap, fairness=fairness), [0.0] * len(arrivals)
+
+    def go(i, t0, n):
+        yield env.timeout(t0)
+        yield env.process(link.transfer(n))
+        done[i] = env.now
+
+    for i, (t0, n) in enumerate(arrivals):
+        env.process(go(i, t0, n))
+    env.run()
+    return done
+
+
+def test_shared_link_against_hand_computed_shares():
+    # two at once: equal shares finish together at 2S/R; first come first served at S/R and 2S/R
+    assert run_link(1.0, [(0, 1.0), (0, 1.0)]) == pytest.approx([2.0, 2.0])
+    assert run_link(0.0, [(0, 1.0), (0, 1.0)]) == pytest.approx([1.0, 2.0])
+    # B joins halfway through A's transfer: A alone for 0.5, then halves; A done at 1.5, B at 2.0
+    assert run_link(1.0, [(0, 1.0), (0.5, 1.0)]) == pytest.approx([1.5, 2.0])
+    # weights 1 and 1/3: the first gets 3/4 of the link until it is done (4/3), the second the rest
+    assert run_link(1 / 3, [(0, 1.0), (0, 1.0)]) == pytest.approx([4 / 3, 2.0])
+    # a transfer moves no faster than its sender's own link (cap)
+    assert run_link(1.0, [(0, 1.0)], rate=4.0, cap=0.5) == pytest.approx([2.0])
+
+
+def test_two_workers_sharing_a_server_link_fairly_stay_in_step():
+    # compute 1 s, a push and a reply of 1 s alone (4 MB at 4 MB/s). Fair shares: both push at
+    # once (2 s), then both replies (2 s): 5 s a cycle, as measured on the emulated cluster at
+    # 1 Gbit/s. Taking turns (lossy links): one worker's push overlaps the other's reply: 3 s.
+    w = toy(step_s=1.0, params=1_000_000)
+    fair = simulate("ps-async", w, ClusterSpec(workers=2, net="32mbit", efficiency=1.0), Options(), Progress(), steps=12)
+    turns = simulate("ps-async", w, ClusterSpec(workers=2, net="32mbit", efficiency=1.0, fairness=0.0), Options(),
+                     Progress(), steps=12)
+    assert fair.step_s == pytest.approx(5.0, rel=0.03)
+    assert turns.step_s == pytest.approx(3.0, rel=0.05)
+
+
+def test_emulated_links_are_lossy_where_the_queue_holds_less_than_a_flow_keeps_in_flight(monkeypatch):
+    from ringps.sim import calibrate
+
+    monkeypatch.setattr(calibrate, "in_flight_ceiling", lambda: 4 << 20)
+    # tbf's 200 ms queue: 2.5 MB at 100 Mbit/s (overflows), 25 MB at 1 Gbit/s (never fills)
+    assert calibrate.lossy("100mbit") and not calibrate.lossy("1gbit") and not calibrate.lossy(None)
+
+
+def test_a_runs_own_cost_model_inputs_are_what_its_prediction_plans_with():
+    from ringps.sim.calibrate import options_of
+
+    cfg = {"strategy": {"strategy": "ring-topk"}, "compress": {"density": 0.02}}
+    summary = {"strategy_stats": {"rank0": {"compute_s": 0.145, "cost_params": {
+        "bandwidth": 1.2e7, "latency": 1e-4, "select_s": 2.7e-9, "scatter_s": 3e-9, "pass_s": 2e-10,
+        "reduce_s": 3e-10, "flop_s": 1e-10, "cpu_share": 1.0}}}}
+    o = options_of(cfg, summary)
+    assert o.plan_compute_s == 0.145 and o.cpu.select_s == 2.7e-9 and o.density == 0.02
+    assert options_of(cfg).plan_compute_s is None  # a run without a record plans with the model's compute
