@@ -28,7 +28,7 @@ from common import add_out_arg, console, guarded, run_matrix
 from rich.table import Table
 
 from ringps.sim.auto import rank
-from ringps.sim.calibrate import cluster_for, fit_compute, fit_cpu, fit_efficiency, read_run
+from ringps.sim.calibrate import cluster_for, fit_compute, fit_cpu, fit_efficiency, fit_server_efficiency, read_run
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options
 from ringps.sim.predict import Progress, load_progress, simulate
@@ -42,9 +42,14 @@ PUBLISHED = [  # (label, profile, cluster, strategy, published efficiency, sourc
     ("VGG-16, 512 P100 (128 x 4), 25 Gbit/s RoCE", "vgg16-p100",
      {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.68,
      "Horovod docs/benchmarks: 68% scaling efficiency"),
-    ("ResNet-50, 64 K80 (8 x p2.8xlarge), 10 Gbit/s, parameter servers", "resnet50-k80",
-     {"workers": 64, "net": "10gbit", "node_size": 8, "intra_net": "64gbit", "servers": 8}, "ps-sync",
-     2744 / (64 * 52.4), "TensorFlow benchmarks, EC2 distributed K80: 2744 img/s on 64 GPUs vs 52.4 on 1"),
+    # TensorFlow ran it with variable_update=distributed_replicated: each host sums its 8 GPUs'
+    # gradients and pushes once per step to the 8 parameter servers (one per host), so the
+    # cluster is 8 pushing hosts, each computing a K80's step; the sum inside the host (PCIe) is
+    # not modelled. Simulating 64 GPUs pushing one by one, as an earlier version did, gave 47-61%.
+    ("ResNet-50, 64 K80 (8 x p2.8xlarge), 10 Gbit/s, parameter servers (one push per host)", "resnet50-k80",
+     {"workers": 8, "net": "10gbit", "servers": 8}, "ps-sync",
+     2744 / (64 * 52.4), "TensorFlow benchmarks, EC2 distributed K80 (distributed_replicated, 8 parameter servers "
+     "on the 8 hosts): 2744 img/s on 64 GPUs vs 52.4 on 1"),
 ]
 
 
@@ -75,13 +80,15 @@ def validate(runs: list[Path], w) -> list[str]:
     test = [m for m in measured if m.workers != 2]
     a = fit_compute(calib, w.compute_s)
     eff = fit_efficiency(calib, w, a)
+    srv = fit_server_efficiency(calib, w, a, eff)
     cpu = fit_cpu(calib, w, a, eff)
     lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {a:.3f} x profile per whole core, link efficiency "
-             f"{eff:.3f}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"]
+             f"{eff:.3f}, the servers' on lossy links {srv}, strategies' own CPU per step {cpu}; validated on "
+             f"{len(test)} cells with 3-4 workers"]
     t = Table("cell", "strategy", "measured step s", "predicted", "error", title="validation (not used to calibrate)")
     errs, by_setting = [], {}
     for m in test:
-        p = simulate(m.strategy, w, cluster_for(m, a, eff), m.options or Options(), Progress(cpu_s=cpu), steps=20)
+        p = simulate(m.strategy, w, cluster_for(m, a, eff, srv), m.options or Options(), Progress(cpu_s=cpu), steps=20)
         err = (p.step_s - m.step_s) / m.step_s
         errs.append(abs(err))
         key = m.run.parent.name

@@ -17,6 +17,11 @@ from typing import NamedTuple
 B_IDX, B_VAL = 4, 4  # bytes per index and per fp32 value on the wire
 
 
+# tc tbf's queue on every link of ringps's emulated cluster (launch/cluster.py), in seconds at the
+# link's rate; the simulator reads it to tell whether the queue overflows (sim/calibrate.py)
+EMULATED_QUEUE_S = 0.2
+
+
 @dataclass
 class CostParams:
     bandwidth: float = 1.0e9  # bytes/s per link and direction

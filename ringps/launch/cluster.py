@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ringps.cost import EMULATED_QUEUE_S
 from ringps.errors import RingpsError
 from ringps.launch.local import Placement
 
@@ -58,7 +59,7 @@ def requirements_missing() -> Optional[str]:
 def tbf_args(rate_bps: float) -> list[str]:
     """Token bucket sized for the rate: a few ms of traffic, never below 64 KB (one GSO segment)."""
     burst = max(64 * 1024, int(rate_bps / 8 * 0.004))
-    return ["rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "200ms"]
+    return ["rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", f"{EMULATED_QUEUE_S * 1000:.0f}ms"]
 
 
 @dataclass

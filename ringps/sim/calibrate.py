@@ -27,7 +27,8 @@ from typing import Any, Optional
 import yaml
 
 from ringps.comm.exchanges import EXCHANGES
-from ringps.cost import contention, cores
+from ringps.config import parse_rate
+from ringps.cost import EMULATED_QUEUE_S, contention, cores
 from ringps.errors import ConfigError
 
 
@@ -50,12 +51,17 @@ class Measured:
     label: str = ""  # the run's name less its repeat (-r0): the strategy, or a variant of it
 
 
-def options_of(cfg: dict):
-    """The simulator's Options from a run's config.yaml: what the run itself was told."""
+def options_of(cfg: dict, summary: Optional[dict] = None):
+    """The simulator's Options from a run's config.yaml: what the run itself was told; and from its
+    summary what ring-topk's cost model decided with (the CPU constants it measured on its
+    machine, the compute of its first steps), so its predicted choices are the run's."""
+    from ringps.cost import CostParams
     from ringps.sim.engine import Options
 
     st, cp = cfg["strategy"], cfg.get("compress", {})
-    return Options(density=cp.get("density", 0.01), powersgd_rank=st.get("powersgd_rank", 4),
+    hook = ((summary or {}).get("strategy_stats") or {}).get("rank0") or {}
+    return Options(cpu=CostParams(**hook["cost_params"]) if hook.get("cost_params") else CostParams(),
+                   plan_compute_s=hook.get("compute_s"),density=cp.get("density", 0.01), powersgd_rank=st.get("powersgd_rank", 4),
                    local_period=st.get("local_period", 8), bucket_cap_mb=st.get("bucket_cap_mb", 25.0),
                    dense_below=cp.get("dense_below", 1 << 17),
                    value_bytes=2 if cp.get("value_dtype") in ("fp16", "bf16") else 4,
@@ -89,7 +95,7 @@ def read_run(run: Path) -> Measured:
                     slow, statistics.median(comp) if comp else 0.0, step_s, reached,
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
-                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg),
+                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg, s),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name)
 
 
@@ -117,20 +123,42 @@ def fit_compute(runs: list[Measured], profile_s: float) -> float:
     return statistics.median(m.compute_s / (profile_s * contention(m.workers)) for m in sync)
 
 
-def cluster_for(m: Measured, a: float, efficiency: float):
-    """The cluster a measured run ran on: ringps's emulated one, every process on this machine's cores."""
+def in_flight_ceiling() -> int:
+    """The most a TCP flow keeps in flight here: the lesser of the receive and send buffers'
+    ceilings (net.ipv4.tcp_rmem, tcp_wmem)."""
+    try:
+        return min(int(Path(f"/proc/sys/net/ipv4/tcp_{k}").read_text().split()[2]) for k in ("rmem", "wmem"))
+    except (OSError, IndexError, ValueError):
+        return 4 << 20  # Linux's default send-buffer ceiling
+
+
+def lossy(net: Optional[str]) -> bool:
+    """Whether a link of ringps's emulated cluster overflows under long transfers: its tbf queue
+    (EMULATED_QUEUE_S at the link's rate: 2.5 MB at 100 Mbit/s, 25 MB at 1 Gbit/s) holds less than
+    a TCP flow keeps in flight. There the flow that started first keeps the queue full and a later
+    one's slow start crawls behind it (first come, first served: sim/link.py), and the drops cost
+    throughput; where the queue never fills, flows share the link evenly."""
+    return bool(net) and parse_rate(net) / 8 * EMULATED_QUEUE_S < in_flight_ceiling()
+
+
+def cluster_for(m: Measured, a: float, efficiency: float, server_efficiency: Optional[float] = None):
+    """The cluster a measured run ran on: ringps's emulated one, every process on this machine's
+    cores; on a lossy link the servers' transfers take turns, at `server_efficiency`."""
     from ringps.sim.cluster import ClusterSpec
 
+    drops = lossy(m.net)
     return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
-                       compute_scale=a, shared_cores=cores(), efficiency=efficiency, latency_s=2e-4)
+                       compute_scale=a, shared_cores=cores(), efficiency=efficiency, latency_s=2e-4,
+                       fairness=0.0 if drops else 1.0, server_efficiency=server_efficiency if drops else None)
 
 
-def predict_step(m: Measured, w, a: float, efficiency: float, cpu: Optional[dict] = None) -> float:
+def predict_step(m: Measured, w, a: float, efficiency: float, cpu: Optional[dict] = None,
+                 server_efficiency: Optional[float] = None) -> float:
     from ringps.sim.engine import Options
     from ringps.sim.predict import Progress, simulate
 
-    return simulate(m.strategy, w, cluster_for(m, a, efficiency), m.options or Options(), Progress(cpu_s=cpu or {}),
-                    steps=12).step_s
+    return simulate(m.strategy, w, cluster_for(m, a, efficiency, server_efficiency), m.options or Options(),
+                    Progress(cpu_s=cpu or {}), steps=12).step_s
 
 
 def fit_efficiency(runs: list[Measured], w, a: float) -> float:
@@ -144,6 +172,22 @@ def fit_efficiency(runs: list[Measured], w, a: float) -> float:
             lo, hi = (mid, hi) if predict_step(m, w, a, mid) > m.step_s else (lo, mid)
         fits.append((lo + hi) / 2)
     return statistics.median(fits) if fits else 0.95
+
+
+def fit_server_efficiency(runs: list[Measured], w, a: float, efficiency: float) -> Optional[float]:
+    """The servers' link efficiency on lossy links (`lossy`): the one value that makes the
+    parameter-server runs there match, median over runs (None: no such run). Where the queue
+    overflows, TCP loses throughput to drops that a ring's steadier flows do not see."""
+    fits = []
+    for m in runs:
+        if not m.strategy.startswith("ps-") or not lossy(m.net) or not m.step_s:
+            continue
+        lo, hi = 0.05, 1.0
+        for _ in range(12):  # predicted step falls as efficiency rises
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if predict_step(m, w, a, efficiency, server_efficiency=mid) > m.step_s else (lo, mid)
+        fits.append((lo + hi) / 2)
+    return round(statistics.median(fits), 4) if fits else None
 
 
 def fit_cpu(runs: list[Measured], w, a: float, efficiency: float) -> dict[str, float]:
@@ -186,14 +230,16 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     w = load_workload(models.pop())
     a = fit_compute(runs, w.compute_s)
     eff = fit_efficiency(runs, w, a)
+    srv = fit_server_efficiency(runs, w, a, eff)
     cpu = fit_cpu(runs, w, a, eff)
     factor = fit_progress(runs)
     dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
     console.print(f"compute: measured = {a:.3f} x profile per whole core ({cores()} cores shared by each run's "
-                  f"processes); links: efficiency {eff:.3f}; strategies' own CPU per step {cpu}")
+                  f"processes); links: efficiency {eff:.3f}" + (f", servers' on lossy links {srv:.3f}" if srv else "") +
+                  f"; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:
-        p = predict_step(m, w, a, eff, cpu)
+        p = predict_step(m, w, a, eff, cpu, srv)
         err = (p - m.step_s) / m.step_s if m.step_s else math.nan
         errors.append(abs(err))
         console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
@@ -201,7 +247,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}")
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            "workers_ref": runs[0].workers, "dense_steps": statistics.median(dense) if dense else None,
-           "factor": factor, "staleness_a": 0.1, "compute_a": round(a, 4), "efficiency": round(eff, 4), "cpu_s": cpu}
+           "factor": factor, "staleness_a": 0.1, "compute_a": round(a, 4), "efficiency": round(eff, 4), "server_efficiency": srv, "cpu_s": cpu}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
         console.print(f"written: {out}")

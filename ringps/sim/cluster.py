@@ -4,13 +4,17 @@ same keys, validated like every other config.
     workers: 64
     net: 10gbit               # each host's link, both directions
     latency_s: 2.0e-5         # per message
-    node_size: 8              # optional: nodes of G workers ...
+    node_size: 8              # optional: nodes of G workers, each node one host: its G workers
+                              # share its `net` link (give G x the rate for a NIC per worker) ...
     intra_net: 100gbit        # ... joined by a faster link inside the node
     slowdown: [1, 1, 2, 4]    # per worker (repeats to cover N), or:
     jitter: 0.1               # lognormal sigma of every step's compute
     servers: 4                # parameter-server strategies
     server_net: 10gbit        # default: net
     efficiency: 0.95          # payload per configured link bit (--calibrate fits it)
+    fairness: 1.0             # transfers sharing a server's link: 1 equal shares, 0 first come
+                              # first served (the emulated cluster's lossy links: calibrate.py)
+    server_efficiency: 0.8    # the servers' links' payload per bit (default: efficiency)
     compute_scale: 1.0        # the profile's compute x this (another device)
     shared_cores: 2           # optional: every worker is a process on one machine with this many
                               # cores (an emulated cluster like ringps's own): they share them
@@ -40,6 +44,9 @@ class ClusterSpec(BaseModel):
     servers: int = Field(1, ge=1)
     server_net: Optional[str] = None
     efficiency: float = Field(0.95, gt=0, le=1)  # payload per configured link bit (calibrated)
+    # how transfers in flight at once share a server's link: 1 fair, 0 first come first served (link.py)
+    fairness: float = Field(1.0, ge=0, le=1)
+    server_efficiency: Optional[float] = Field(None, gt=0, le=1)  # the servers' links' (default: efficiency)
     compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device)
     shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
 
@@ -74,7 +81,7 @@ class ClusterSpec(BaseModel):
 
     @property
     def server_bw(self) -> float:
-        return parse_rate(self.server_net) / 8 * self.efficiency if self.server_net else self.bw
+        return parse_rate(self.server_net or self.net) / 8 * (self.server_efficiency or self.efficiency)
 
     def slowdowns(self) -> list[float]:
         s = self.slowdown or [1.0]

@@ -55,6 +55,9 @@ class Options:
     # CPU seconds per step of the strategy's own work that the model does not itemise (PowerSGD's
     # matrix products and error feedback, copies): fitted by --calibrate, 0 unless given
     extra_cpu_s: float = 0.0
+    # ring-topk's cost model decides with the compute it measured in its first steps (the slowest
+    # rank's median); a run records it, and predicting that run plans with it (None: the model's)
+    plan_compute_s: Optional[float] = None
 
 
 @dataclass
@@ -169,8 +172,12 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     local = strategy in ("localsgd", "diloco")
     # the compute one worker sees per step, as the hook measures it: its cores shared in an emulated cluster
     slower = max(1.0, c.workers / c.shared_cores) if c.shared_cores else 1.0
+    # what ring-topk's cost model saw of it: its own profile's step where the run recorded one
+    # (the backward left after a bucket, its overlap, scales with it)
+    seen = o.plan_compute_s / (w.compute_s * slower) if o.plan_compute_s and w.compute_s else 1.0
     comm = ([Comm(0.0, 0.0)] * len(plan) if local
-            else [bucket_comm(strategy, b, c, o, (bwd - b.ready) * slower, w.compute_s * slower / w.params) for b in plan])
+            else [bucket_comm(strategy, b, c, o, (bwd - b.ready) * slower * seen, w.compute_s * slower * seen / w.params)
+                  for b in plan])
     fused = sum(x.deferred for x in comm)
     fused_s = allreduce_s(fused * 4, c) if fused else 0.0
     period_s = allreduce_s(w.params * 4, c) if local else 0.0

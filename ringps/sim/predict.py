@@ -40,6 +40,7 @@ class Progress(BaseModel):
     staleness_a: float = Field(0.1, ge=0)
     compute_a: Optional[float] = None  # calibration: measured compute = a x profile per whole core (informational)
     efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
+    server_efficiency: Optional[float] = None  # calibration: the servers' links', where lossy (informational)
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
     cpu_s: dict[str, float] = {}

@@ -1,10 +1,10 @@
 """The parameter server as discrete events (SimPy): workers, each server's link and update lock.
 
 A worker computes (the profile's step x its slowdown x jitter), then pushes its gradient to every
-server at once (shard = model / servers) and waits for the replies. A push occupies the server's
-incoming link for shard / server bandwidth (pushes of several workers queue there), then the
-server's update lock for the update (a few passes over the shard), then its outgoing link for the
-reply. Server 0 counts versions: a push's staleness is the versions applied since the worker's
+server at once (shard = model / servers) and waits for the replies. A push crosses the server's
+incoming link, which the pushes in flight share fairly (TCP flows through one bottleneck:
+link.py), then takes the server's update lock for the update (a few passes over the shard), then
+its reply crosses the outgoing link, shared the same way. Server 0 counts versions: a push's staleness is the versions applied since the worker's
 values; threshold drops it when over T (no version bump, a reply all the same), SSP holds the
 reply while the worker is more than T pushes ahead of the slowest, BSP waits for every worker's
 push of the version.
@@ -20,6 +20,7 @@ import simpy
 
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options, Prediction
+from ringps.sim.link import SharedLink
 from ringps.sim.workload import Workload
 
 UPDATE_PASSES = 4  # weight decay, momentum, values, snapshot copy: passes over the shard per push
@@ -31,31 +32,26 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     n, S = c.workers, c.servers
     shard = w.params / S
     # every push sends an equal shard to every server, so the S servers' links move in lockstep:
-    # one resource per direction stands for all of them (S times fewer events at 1,024 workers)
-    up, down, lock = simpy.Resource(env, 1), simpy.Resource(env, 1), simpy.Resource(env, 1)
-    t_link = shard * 4 / min(c.bw, c.server_bw) + c.latency_s
+    # one link per direction stands for all of them (S times fewer events at 1,024 workers); a
+    # transfer moves at most at the worker's own link rate
+    up, down = (SharedLink(env, c.server_bw, cap=c.bw, latency=c.latency_s, fairness=c.fairness) for _ in range(2))
+    lock = simpy.Resource(env, 1)
+    t_link = shard * 4 / min(c.bw, c.server_bw) + c.latency_s  # one transfer alone (SSP's poll)
     t_update = UPDATE_PASSES * shard * o.cpu.pass_s
     T = o.staleness_threshold if o.staleness_threshold is not None else (
         2 * (n - 1) if policy == "threshold" else 4)
     state = {"version": 0, "applied": 0, "dropped": 0}
     clock = Counter()
     hist: Counter = Counter()
-    link_busy = [0.0]
     cycles: list[float] = []
     computes: list[float] = []
     round_done = {"version": 0, "event": env.event(), "arrived": 0}
     slow = c.slowdowns()
     computing = [0]
 
-    def transfer(res, secs):
-        with res.request() as req:
-            yield req
-            yield env.timeout(secs)
-            link_busy[0] += secs
-
     def push(i: int, seen: int):
         # the shards travel in parallel, each over its server's link, queued behind other workers'
-        yield env.process(transfer(up, t_link))
+        yield env.process(up.transfer(shard * 4))
         with lock.request() as req:  # server 0 judges (the others apply in parallel: same time)
             yield req
             stale = state["version"] - seen
@@ -81,7 +77,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
         if policy == "ssp":
             while clock[i] - min(clock[j] for j in range(n)) > T:
                 yield env.timeout(t_link)
-        yield env.process(transfer(down, t_link))
+        yield env.process(down.transfer(shard * 4))
 
     def worker(i: int):
         for _ in range(pushes_per_worker):
@@ -105,6 +101,6 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     total = sum(hist.values())
     step_s, compute = statistics.mean(cycles), statistics.mean(computes)
     extra = {"staleness_histogram": dict(sorted(hist.items())), "drop_fraction": state["dropped"] / max(1, total),
-             "server_link_occupancy": link_busy[0] / (2 * env.now) if env.now else 0.0,
+             "server_link_occupancy": (up.busy_s + down.busy_s) / (2 * env.now) if env.now else 0.0,
              "pushes_per_s": total / env.now if env.now else 0.0, "mean_staleness": sum(k * v for k, v in hist.items()) / max(1, total)}
     return Prediction(strategy, n, step_s, compute, step_s - compute, w.params * 4.0, compute / step_s, extra)

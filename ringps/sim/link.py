@@ -1,0 +1,78 @@
+"""A link shared by the transfers on it at once, as SimPy events.
+
+TCP flows through one bottleneck share it, but not always equally. Measured on ringps's emulated
+cluster (tc tbf with a 200 ms drop-tail queue; docs/RESULTS.md §6), two workers pushing 43 MB to
+one server at 1 Gbit/s took 0.64 s each, side by side, and then waited as long for their replies,
+both at once: a fair share, the link idle one way while busy the other. At 100 Mbit/s the push
+that started first kept most of the link (the later flow's slow start crawls through the queue
+the first one built), the two drifted apart, and pushes of one worker overlapped replies to the
+other, as a first-come-first-served queue would have it. So the share is weighted: the transfer
+in flight longest gets weight 1, every later one `fairness` (1: a fair share, TCP's long-run
+ideal and a data-centre network's; 0: first come, first served). `ringps simulate --calibrate`
+fits it per link rate on two-worker parameter-server runs.
+
+Each arrival or departure costs O(k) for k transfers in flight.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+EPS = 1e-3  # bytes: what float rounding leaves of a finished transfer
+
+
+class Flow:
+    __slots__ = ("left", "done")
+
+    def __init__(self, left: float, done: simpy.Event):
+        self.left, self.done = left, done
+
+
+class SharedLink:
+    def __init__(self, env: simpy.Environment, rate: float, cap: float | None = None, latency: float = 0.0,
+                 fairness: float = 1.0):
+        self.env, self.rate, self.cap, self.latency, self.fairness = env, rate, cap or rate, latency, fairness
+        self.flows: list[Flow] = []  # in order of arrival: the first is served longest
+        self.last = 0.0
+        self.busy_s = 0.0  # time with at least one transfer in flight (occupancy)
+        self.wake = env.event()
+        env.process(self._serve())
+
+    def _rates(self) -> list[float]:
+        k = len(self.flows)
+        total = 1.0 + self.fairness * (k - 1)
+        rates = [self.rate * (1.0 if i == 0 else self.fairness) / total for i in range(k)]
+        return [min(self.cap, r) for r in rates]
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.last
+        if self.flows and dt > 0:
+            for f, r in zip(self.flows, self._rates()):
+                f.left -= dt * r
+            self.busy_s += dt
+        self.last = self.env.now
+
+    def transfer(self, nbytes: float):
+        """A SimPy process: `yield env.process(link.transfer(n))` returns when n bytes are through."""
+        if self.latency:
+            yield self.env.timeout(self.latency)
+        self._advance()
+        flow = Flow(nbytes, self.env.event())
+        self.flows.append(flow)
+        if not self.wake.triggered:
+            self.wake.succeed()
+        yield flow.done
+
+    def _serve(self):
+        while True:
+            if not self.flows:
+                self.wake = self.env.event()
+                yield self.wake
+                continue
+            dt = min((f.left / r if r > 0 else float("inf")) for f, r in zip(self.flows, self._rates()))
+            self.wake = self.env.event()
+            yield self.env.timeout(max(0.0, dt)) | self.wake
+            self._advance()
+            for f in [f for f in self.flows if f.left <= EPS]:
+                self.flows.remove(f)
+                f.done.succeed()
