@@ -28,7 +28,7 @@ import yaml
 
 from ringps.comm.exchanges import EXCHANGES
 from ringps.config import parse_rate
-from ringps.cost import EMULATED_QUEUE_S, contention, cores
+from ringps.cost import EMULATED_QUEUE_S, CostParams, contention, cores
 from ringps.errors import ConfigError
 
 
@@ -55,13 +55,13 @@ def options_of(cfg: dict, summary: Optional[dict] = None):
     """The simulator's Options from a run's config.yaml: what the run itself was told; and from its
     summary what ring-topk's cost model decided with (the CPU constants it measured on its
     machine, the compute of its first steps), so its predicted choices are the run's."""
-    from ringps.cost import CostParams
     from ringps.sim.engine import Options
 
     st, cp = cfg["strategy"], cfg.get("compress", {})
     hook = ((summary or {}).get("strategy_stats") or {}).get("rank0") or {}
     return Options(cpu=CostParams(**hook["cost_params"]) if hook.get("cost_params") else CostParams(),
-                   plan_compute_s=hook.get("compute_s"),density=cp.get("density", 0.01), powersgd_rank=st.get("powersgd_rank", 4),
+                   plan_compute_s=hook.get("compute_s"), density=cp.get("density", 0.01),
+                   powersgd_rank=st.get("powersgd_rank", 4),
                    local_period=st.get("local_period", 8), bucket_cap_mb=st.get("bucket_cap_mb", 25.0),
                    dense_below=cp.get("dense_below", 1 << 17),
                    value_bytes=2 if cp.get("value_dtype") in ("fp16", "bf16") else 4,

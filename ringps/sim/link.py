@@ -8,8 +8,8 @@ that started first kept most of the link (the later flow's slow start crawls thr
 the first one built), the two drifted apart, and pushes of one worker overlapped replies to the
 other, as a first-come-first-served queue would have it. So the share is weighted: the transfer
 in flight longest gets weight 1, every later one `fairness` (1: a fair share, TCP's long-run
-ideal and a data-centre network's; 0: first come, first served). `ringps simulate --calibrate`
-fits it per link rate on two-worker parameter-server runs.
+ideal and a data-centre network's; 0: first come, first served). For ringps's emulated cluster
+`sim/calibrate.py` sets it from the link: 0 where tbf's queue overflows (`lossy`), else 1.
 
 Each arrival or departure costs O(k) for k transfers in flight.
 """
