@@ -132,6 +132,9 @@ class Job:
                 p.wait()
         for log in self.logs:
             log.close()
+        # every rank has ended: the rendezvous file goes too (torch's FileStore deletes it when its
+        # last user closes it, which a rank ended by os._exit, launch/worker.py, or a signal never does)
+        (self.run_dir / "logs" / "rendezvous.store").unlink(missing_ok=True)
 
     def activity(self) -> int:
         """Grows whenever any rank writes a row: what the watchdog calls progress."""
