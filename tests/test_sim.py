@@ -309,3 +309,17 @@ def test_a_runs_own_cost_model_inputs_are_what_its_prediction_plans_with():
     o = options_of(cfg, summary)
     assert o.plan_compute_s == 0.145 and o.cpu.select_s == 2.7e-9 and o.density == 0.02
     assert options_of(cfg).plan_compute_s is None  # a run without a record plans with the model's compute
+
+
+def test_link_sharing_flags_reach_the_cluster_and_bad_values_get_one_line():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ringps", "simulate", "--profile", "facenet", "--workers", "2",
+                                     "--net", "100mbit", "--strategy", "ps-async", "--json", *a],
+                                    capture_output=True, text=True, timeout=120)
+    even, turns, slow_link = run(), run("--fairness", "0"), run("--server-efficiency", "0.5")
+    assert {even.returncode, turns.returncode, slow_link.returncode} == {0}, even.stderr + turns.stderr + slow_link.stderr
+    step = lambda r: json.loads(r.stdout.strip().splitlines()[-1])["step_s"]
+    # two equal workers: taking turns pipelines one's push with the other's reply (faster); a
+    # server link at half the payload rate makes every transfer take twice as long (slower)
+    assert step(turns) < 0.8 * step(even) < step(even) < 0.8 * step(slow_link)
+    bad = run("--fairness", "2")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--fairness" in bad.stderr
