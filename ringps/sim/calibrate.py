@@ -21,6 +21,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -123,6 +124,7 @@ def fit_compute(runs: list[Measured], profile_s: float) -> float:
     return statistics.median(m.compute_s / (profile_s * contention(m.workers)) for m in sync)
 
 
+@lru_cache(maxsize=1)  # read once: cluster_for asks for every prediction of a fit
 def in_flight_ceiling() -> int:
     """The most a TCP flow keeps in flight here: the lesser of the receive and send buffers'
     ceilings (net.ipv4.tcp_rmem, tcp_wmem)."""
@@ -161,16 +163,19 @@ def predict_step(m: Measured, w, a: float, efficiency: float, cpu: Optional[dict
                     Progress(cpu_s=cpu or {}), steps=12).step_s
 
 
+def fit_link(m: Measured, step_at) -> float:
+    """The efficiency in [0.05, 1] at which `step_at(efficiency)`, the predicted step, matches the
+    run's measured one (a 12-step bisection: the predicted step falls as efficiency rises)."""
+    lo, hi = 0.05, 1.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step_at(mid) > m.step_s else (lo, mid)
+    return (lo + hi) / 2
+
+
 def fit_efficiency(runs: list[Measured], w, a: float) -> float:
-    fits = []
-    for m in runs:
-        if m.strategy not in ("allreduce", "fp16") or not m.net:
-            continue
-        lo, hi = 0.05, 1.0
-        for _ in range(12):  # predicted step falls as efficiency rises
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if predict_step(m, w, a, mid) > m.step_s else (lo, mid)
-        fits.append((lo + hi) / 2)
+    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, a, e))
+            for m in runs if m.strategy in ("allreduce", "fp16") and m.net]
     return statistics.median(fits) if fits else 0.95
 
 
@@ -178,15 +183,8 @@ def fit_server_efficiency(runs: list[Measured], w, a: float, efficiency: float) 
     """The servers' link efficiency on lossy links (`lossy`): the one value that makes the
     parameter-server runs there match, median over runs (None: no such run). Where the queue
     overflows, TCP loses throughput to drops that a ring's steadier flows do not see."""
-    fits = []
-    for m in runs:
-        if not m.strategy.startswith("ps-") or not lossy(m.net) or not m.step_s:
-            continue
-        lo, hi = 0.05, 1.0
-        for _ in range(12):  # predicted step falls as efficiency rises
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if predict_step(m, w, a, efficiency, server_efficiency=mid) > m.step_s else (lo, mid)
-        fits.append((lo + hi) / 2)
+    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, a, efficiency, server_efficiency=e))
+            for m in runs if m.strategy.startswith("ps-") and lossy(m.net) and m.step_s]
     return round(statistics.median(fits), 4) if fits else None
 
 

@@ -172,11 +172,13 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     local = strategy in ("localsgd", "diloco")
     # the compute one worker sees per step, as the hook measures it: its cores shared in an emulated cluster
     slower = max(1.0, c.workers / c.shared_cores) if c.shared_cores else 1.0
-    # what ring-topk's cost model saw of it: its own profile's step where the run recorded one
-    # (the backward left after a bucket, its overlap, scales with it)
-    seen = o.plan_compute_s / (w.compute_s * slower) if o.plan_compute_s and w.compute_s else 1.0
+    # the step ring-topk's cost model plans with: its own profile's, where the run recorded one;
+    # the backward left after a bucket (its overlap) scales with it
+    step = w.compute_s * slower
+    planned = o.plan_compute_s or step
+    seen = planned / step if step else 1.0
     comm = ([Comm(0.0, 0.0)] * len(plan) if local
-            else [bucket_comm(strategy, b, c, o, (bwd - b.ready) * slower * seen, w.compute_s * slower * seen / w.params)
+            else [bucket_comm(strategy, b, c, o, (bwd - b.ready) * slower * seen, planned / w.params)
                   for b in plan])
     fused = sum(x.deferred for x in comm)
     fused_s = allreduce_s(fused * 4, c) if fused else 0.0

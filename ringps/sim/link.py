@@ -33,7 +33,7 @@ class SharedLink:
                  fairness: float = 1.0):
         self.env, self.rate, self.cap, self.latency, self.fairness = env, rate, cap or rate, latency, fairness
         self.flows: list[Flow] = []  # in order of arrival: the first is served longest
-        self.last = 0.0
+        self.last = env.now
         self.busy_s = 0.0  # time with at least one transfer in flight (occupancy)
         self.wake = env.event()
         env.process(self._serve())

@@ -2,12 +2,12 @@
 
 A worker computes (the profile's step x its slowdown x jitter), then pushes its gradient to every
 server at once (shard = model / servers) and waits for the replies. A push crosses the server's
-incoming link, which the pushes in flight share fairly (TCP flows through one bottleneck:
-link.py), then takes the server's update lock for the update (a few passes over the shard), then
-its reply crosses the outgoing link, shared the same way. Server 0 counts versions: a push's staleness is the versions applied since the worker's
-values; threshold drops it when over T (no version bump, a reply all the same), SSP holds the
-reply while the worker is more than T pushes ahead of the slowest, BSP waits for every worker's
-push of the version.
+incoming link, which the pushes in flight share (evenly, or first come first served: link.py),
+then takes the server's update lock for the update (a few passes over the shard), then its reply
+crosses the outgoing link, shared the same way. Server 0 counts versions: a push's staleness is
+the versions applied since the worker's values; threshold drops it when over T (no version bump,
+a reply all the same), SSP holds the reply while the worker is more than T pushes ahead of the
+slowest, BSP waits for every worker's push of the version.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     computing = [0]
 
     def push(i: int, seen: int):
-        # the shards travel in parallel, each over its server's link, queued behind other workers'
+        # the shards travel in parallel, each over its server's link, shared with other workers'
         yield env.process(up.transfer(shard * 4))
         with lock.request() as req:  # server 0 judges (the others apply in parallel: same time)
             yield req
