@@ -187,3 +187,19 @@ def test_server_checkpoint_resumes_with_the_same_versions(tmp_path):
     pushes = [json.loads(l) for l in (b / "ranks" / "rank2.jsonl").read_text().splitlines() if '"push"' in l]
     # the first push lands on version 17; 6 pushes of budget, plus at most one already in flight
     assert min(p["version"] for p in pushes) == 17 and 22 <= max(p["version"] for p in pushes) <= 23
+
+
+def test_budget_counts_applied_updates_not_dropped_pushes(tmp_path):
+    """ps-threshold with T = 0 drops most pushes of a 1:4 slower worker: the job still applies its
+    whole budget (epochs x steps per epoch x workers), as ps-async does; it used to end early
+    with the dropped pushes counted against it."""
+    out = tmp_path / "run"
+    r = ringps("train", *TINY, "--strategy", "ps-threshold", "--staleness-threshold", "0", "--workers", "3",
+               "--slowdown", "1,1,4", "--epochs", "3", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    per_epoch = next(r["steps_per_epoch"] for r in rows if r["kind"] == "start")
+    budget = 3 * per_epoch * 3
+    assert s["pushes_dropped"] > 3  # more than the pushes in flight at the end
+    assert budget <= s["pushes_applied"] < budget + 3  # at most one push per worker in flight past it

@@ -104,7 +104,8 @@ def test_the_slow_worker_shows(runs):
     assert per_step[2] / ((per_step[0] + per_step[1]) / 2) >= 2.5, per_step
     server = json.loads((runs / "ps" / "trace" / "rank-3.json").read_text())
     verdicts = [e["args"]["verdict"] for e in server["traceEvents"] if e["ph"] == "X" and e["name"].startswith("judge")]
-    assert 90 <= len(verdicts) <= 93 and set(verdicts) <= {"applied", "dropped"}  # the budget, plus pushes in flight
+    # the budget of applied updates (30 steps x 3 workers), plus pushes in flight; dropped ones on top
+    assert 90 <= verdicts.count("applied") <= 92 and set(verdicts) <= {"applied", "dropped"}
 
 
 def test_tensorboard_and_profiler_files(runs):

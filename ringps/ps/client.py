@@ -32,7 +32,7 @@ class PushResult:
     round_trip_s: float
     bytes_sent: int
     bytes_recv: int
-    global_pushes: int  # pushes the servers have handled, all workers together
+    global_updates: int  # pushes the servers have applied, all workers together (the job's budget counts these)
 
 
 class Client:
@@ -122,7 +122,7 @@ class Client:
             applied=[h.status == wire.APPLIED for h in heads], staleness=[h.staleness for h in heads],
             weight=[h.weight for h in heads], value_staleness=[h.value_staleness for h in heads],
             held_s=max(h.held_us for h in heads) / 1e6, paused_s=max(h.paused_us for h in heads) / 1e6,
-            round_trip_s=time.perf_counter() - t0, bytes_sent=sent, bytes_recv=recv, global_pushes=max(h.pushes for h in heads),
+            round_trip_s=time.perf_counter() - t0, bytes_sent=sent, bytes_recv=recv, global_updates=max(h.updates for h in heads),
         )
 
     def stop(self) -> None:

@@ -152,7 +152,7 @@ class LayeredClient:
         self.waited_s = 0.0  # time forwards spent waiting for updates (exposed communication)
         self.paused_s = 0.0  # of which the servers held this worker's step for another's evaluation
         self.last: dict = {}  # the latest step's figures (staleness, applied)
-        self.global_pushes = 0
+        self.global_updates = 0
         self._inputs: dict[int, torch.Tensor] = {}
         self._deltas: dict[int, torch.Tensor] = {}
         self._pending: dict[int, int] = {}
@@ -276,7 +276,7 @@ class LayeredClient:
                 staleness = max(staleness, h.staleness)
                 applied = applied and h.status == wire.APPLIED
                 self.paused_s += h.paused_us / 1e6
-                self.global_pushes = max(self.global_pushes, h.pushes)
+                self.global_updates = max(self.global_updates, h.updates)
             self.ready[spec.index].set()
         self.last = {"staleness": staleness, "applied": applied}
 
@@ -478,12 +478,12 @@ class LayerServer(Server):
                     lo, hi = spec.local, spec.local + spec.numel
                     bodies.append((torch.cat([s.values[lo:hi], s.momentum[lo:hi]]), 0, wire.FLAG_REFRESH))
             self.known[worker] = version
-            pushes = self.applied + self.dropped
+            updates = self.applied
         try:
             self.policy.sent(worker, snap.values)
             for i, (spec, (body, entries, flags)) in enumerate(zip(self.specs, bodies)):
                 reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=version, payload=body.numel(),
-                                    layer=spec.index, entries=entries, flags=flags, step=h.step, pushes=pushes)
+                                    layer=spec.index, entries=entries, flags=flags, step=h.step, updates=updates)
                 if o is not None and i == 0:  # the step's figures, once
                     reply.status, reply.staleness, reply.weight = o.status, o.staleness, o.verdict.weight
                     reply.value_staleness, reply.held_us, reply.paused_us = (o.verdict.value_staleness, int(held * 1e6),

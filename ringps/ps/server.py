@@ -97,7 +97,7 @@ class Server:
         self.sample_pos = layout.sample_positions(index, policy.fraction, seed=sample_seed) if policy.needs_sample else []
         self.sample_n = sum(p.numel() for p in self.sample_pos)
         self.recorder, self.checkpoint_every, self.out_dir = recorder, checkpoint_every, out_dir
-        self.budget = budget  # total pushes the job may make (0: no limit)
+        self.budget = budget  # total updates the job may apply (0: no limit)
         self.recv = BufferPool(self.n + self.sample_n, buffers, timeout)
         self.snapshots = SnapshotPool(self.n, buffers, self.shard.cond, timeout)
         self._write = threading.Lock()
@@ -361,7 +361,7 @@ class Server:
 
     def reply_header(self, h: wire.Header, o: Outcome, held: float) -> wire.Header:
         return wire.Header(wire.OP_REPLY, self.rank, self.index, status=o.status, staleness=o.staleness,
-                           weight=o.verdict.weight, step=h.step, pushes=self.applied + self.dropped,
+                           weight=o.verdict.weight, step=h.step, updates=self.applied,
                            held_us=int(held * 1e6), value_staleness=o.verdict.value_staleness,
                            paused_us=int(o.paused * 1e6))
 

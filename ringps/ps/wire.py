@@ -30,7 +30,7 @@ Each field means one thing:
     k                      top-k: (index, value) pairs that follow
     entries                layer reply: factor-log updates that follow (instead of values)
     flags                  END_OF_STEP, HOLD, RELEASE, REFRESH
-    pushes                 reply: pushes the servers have handled, all workers together
+    updates                reply: pushes the servers have applied, all workers together
     worker                 verdict: whose step it judges
     scale                  verdict: the factor the judge gave the gradient (stale-lr)
 
@@ -50,7 +50,7 @@ from typing import Optional
 
 import torch
 
-MAGIC = 0x5250_4753_0004  # "RPGS", protocol 4
+MAGIC = 0x5250_4753_0005  # "RPGS", protocol 5
 TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_VALUES, TAG_SAMPLE = 11, 12, 13, 14, 15
 TAG_VERDICT_BASE = 1000  # + worker rank: server 0's verdict on that worker's step
 
@@ -102,7 +102,7 @@ class Header:
     entries: int = 0
     flags: int = 0
     paused_us: int = 0
-    pushes: int = 0
+    updates: int = 0
     worker: int = 0
     scale: float = 1.0
 

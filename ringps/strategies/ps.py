@@ -38,9 +38,11 @@ GOODPUT = 0.95  # TCP payload per configured link bit (tbf shapes whole packets)
 
 
 class ParameterServer(Strategy):
-    """Asynchronous policies share one budget of pushes (epochs x steps per epoch x workers):
-    a fast worker does more than its share, a dead worker's share is done by the others, and
-    the LR schedule follows the global count."""
+    """Asynchronous policies share one budget of applied updates (epochs x steps per epoch x
+    workers): a fast worker does more than its share, a dead worker's share is done by the others,
+    and the LR schedule follows the global count. A dropped push does not count (as a dropped
+    gradient does not advance TensorFlow's `global_step`): a policy that drops trains on as many
+    updates as one that does not, rather than ending early with fewer."""
 
     needs_servers = True
     collective_eval = False
@@ -129,7 +131,7 @@ class ParameterServer(Strategy):
                                  sample_fraction=fraction, sample_seed=self.cfg.run.seed)
             self.client.pull()
         self.steps = 0
-        self.global_pushes = 0
+        self.global_updates = 0
         self.paused_seen = 0.0
         self.budget = self.total_pushes(ctx)
 
@@ -138,10 +140,10 @@ class ParameterServer(Strategy):
         return (t.steps or t.epochs * ctx.steps_per_epoch) * ctx.workers
 
     def progress(self):
-        return self.global_pushes // self.ctx.workers if self.budgeted else None
+        return self.global_updates // self.ctx.workers if self.budgeted else None
 
     def finished(self) -> bool:
-        return self.global_pushes >= self.budget
+        return self.global_updates >= self.budget
 
     def settle(self) -> None:
         if self.layered is not None:
@@ -190,7 +192,7 @@ class ParameterServer(Strategy):
             c = self.layered
             c.begin_step(lr, self.steps)
             loss, compute, waited = self.compute(batch, lambda: c.waited_s)
-            self.global_pushes = c.global_pushes
+            self.global_updates = c.global_updates
             paused, self.paused_seen = c.paused_s - self.paused_seen, c.paused_s
             return StepStats(loss=loss.item(), compute_s=compute, exposed_s=max(0.0, waited - paused), t_ready=time.time(),
                              paused_s=min(paused, waited), applied=c.last.get("applied", True),
@@ -198,7 +200,7 @@ class ParameterServer(Strategy):
         loss, compute, _ = self.compute(batch)
         ready = time.time()
         res = self.client.push_pull(lr, self.steps)
-        self.global_pushes = res.global_pushes
+        self.global_updates = res.global_updates
         return StepStats(
             loss=loss.item(), compute_s=compute, exposed_s=res.round_trip_s - res.paused_s, wait_s=res.held_s,
             paused_s=res.paused_s,
