@@ -1,11 +1,14 @@
 """Benchmark: the simulator against this machine's emulated cluster, and beyond it.
 
 1. Validation grid (short runs, cached in --out): facenet on ORL, workers 2, 3 and 4, links
-   100 Mbit/s and 1 Gbit/s (tc-shaped hosts), slowdown equal (and 1,1,2,4 at 4 workers),
-   strategies allreduce, fp16, powersgd, ring-topk, ps-async, ps-threshold. The simulator is
-   calibrated on the 2-worker cells (compute scale, link efficiency) and validated on the
-   3- and 4-worker cells: per cell the step-time error; the share within 15%, the median error, and
-   Kendall's tau of the strategies' order by step time per setting.
+   100 Mbit/s and 1 Gbit/s (tc-shaped hosts) and unshaped (loopback), slowdown equal (and 1,1,2,4
+   at 4 workers on the shaped links), strategies allreduce, fp16, powersgd, ring-topk, ps-sync,
+   ps-async, ps-threshold, ps-vsgd. The simulator is calibrated on the 2-worker cells (compute
+   scale, link efficiency, CPU per byte moved) and validated on the 3- and 4-worker cells: per cell
+   the step-time error, and for the parameter servers the mean staleness predicted and measured and
+   the distance between the two staleness histograms; the share within 15%, the median error, and
+   Kendall's tau of the strategies' order by step time per setting. (The layer strategy is not in
+   the grid: the engine sends a push whole.)
 2. Extrapolation: efficiency against N (up to 1,024) per strategy at 1, 10 and 100 Gbit/s for
    the facenet and ResNet-50 (K80) profiles, as a table and scaling.png.
 3. Published results: predicted against published scaling efficiency, side by side.
@@ -34,7 +37,7 @@ from ringps.sim.engine import Options
 from ringps.sim.predict import Progress, load_progress, simulate
 from ringps.sim.workload import load_workload
 
-STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-async", "ps-threshold"]
+STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-sync", "ps-async", "ps-threshold", "ps-vsgd"]
 PUBLISHED = [  # (label, profile, cluster, strategy, published efficiency, source)
     ("ResNet-101, 512 P100 (128 x 4), 25 Gbit/s RoCE", "resnet101-p100",
      {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.90,
@@ -66,6 +69,7 @@ def grid(args) -> list[Path]:
             settings[f"w{n}-{net}"] = {"workers": n, "net": net}
             if n == 4:
                 settings[f"w{n}-{net}-slow"] = {"workers": n, "net": net, "slowdown": "1,1,2,4"}
+        settings[f"w{n}-unshaped"] = {"workers": n}
     # steady state: the simulator predicts a strategy's step after its warm-up (PowerSGD's dense
     # first steps, ring-topk's density ramp), and a short run would be mostly warm-up
     common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000,

@@ -31,15 +31,16 @@ def test_train_writes_a_complete_run_folder(tmp_path):
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "step"]
     assert len(steps) == 2 * 3 * 8  # 2 workers x 3 epochs x (256 / (2 x 16)) steps
-    for key in ("worker", "step", "t", "loss", "compute_s", "comm_s", "wait_s", "bytes_sent", "bytes_recv"):
+    for key in ("worker", "step", "t", "loss", "compute_s", "comm_s", "wait_s", "bytes_sent", "bytes_recv", "cpu_s"):
         assert all(key in s for s in steps), key
-    # every step really moved bytes over TCP (gloo all-reduce of the mlp's gradients)
-    assert all(s["bytes_sent"] > 0 and s["bytes_recv"] > 0 for s in steps)
+    # every step really moved bytes over TCP (gloo all-reduce of the mlp's gradients), and took CPU
+    assert all(s["bytes_sent"] > 0 and s["bytes_recv"] > 0 and s["cpu_s"] > 0 for s in steps)
     summary = json.loads((out / "summary.json").read_text())
     for key in ("strategy", "workers", "wall_s", "time_to_accuracy_s", "final_accuracy", "utilization",
                 "bytes_sent_per_step", "slowdown"):
         assert key in summary, key
     assert summary["slowdown"] == [1.0, 2.0] and summary["workers"] == 2
+    assert summary["cpu_s_per_step"] == pytest.approx(sum(s["cpu_s"] for s in steps) / len(steps))
     assert summary["final_accuracy"] > 0.5
     # worker 0 is twice as fast, so it waits for worker 1 at every exchange
     pw = summary["per_worker"]

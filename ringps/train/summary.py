@@ -104,6 +104,7 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
             "step_s_median": statistics.median(b - a for a, b in zip(ts, ts[1:])) if len(ts) > 1 else None,
             "wall_s": wall,
             "compute_s": compute,
+            "cpu_s": sum(r.get("cpu_s") or 0.0 for r in rs),  # the process's CPU, threads and system calls
             "comm_s": sum(r["comm_s"] for r in rs),
             "wait_s": sum(r["wait_s"] for r in rs),
             "paused_s": sum(r.get("paused_s") or 0.0 for r in rs),  # held for another worker's evaluation (left out)
@@ -137,6 +138,7 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
         "step_s_median": (statistics.median(p["step_s_median"] for p in pw if p["step_s_median"] is not None)
                           if any(p["step_s_median"] is not None for p in pw) else None),
         "compute_s_per_step": sum(p["compute_s"] for p in pw) / n_steps if n_steps else None,
+        "cpu_s_per_step": sum(p["cpu_s"] for p in pw) / n_steps if n_steps else None,
         "comm_s_per_step": sum(p["comm_s"] for p in pw) / n_steps if n_steps else None,
         "wait_s_per_step": sum(p["wait_s"] for p in pw) / n_steps if n_steps else None,
         "loss_spikes": sum(p["loss_spikes"] for p in pw),

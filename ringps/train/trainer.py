@@ -165,8 +165,11 @@ class Trainer:
                     g["lr"] = lr
                 self.where = f"step {self.step + 1}"
                 profiler.before(self.step + 1)
-                before = self.tcp.read()
+                before, cpu0 = self.tcp.read(), time.process_time()
                 stats = self.strategy.step(batch)
+                # the whole process's CPU (compute, the collectives' threads, the system calls that move
+                # the bytes): the simulator's CPU per byte moved is calibrated from it (sim/calibrate.py)
+                cpu = time.process_time() - cpu0
                 moved = self.tcp.read() - before
                 profiler.after(self.step + 1)
                 tracer.counter("bytes", sent=moved.sent, recv=moved.recv)
@@ -177,7 +180,7 @@ class Trainer:
                 self.step += 1
                 self.recorder.write(
                     "step", worker=ctx.worker, step=self.step, progress=at + 1, epoch=epoch, t=clock.now(), wall=time.time(),
-                    loss=stats.loss, lr=lr, compute_s=stats.compute_s, exposed_s=stats.exposed_s,
+                    loss=stats.loss, lr=lr, compute_s=stats.compute_s, exposed_s=stats.exposed_s, cpu_s=cpu,
                     wait_s=stats.wait_s, t_ready=stats.t_ready, bytes_sent=moved.sent, bytes_recv=moved.recv,
                     payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
                     paused_s=stats.paused_s, **stats.extra,
