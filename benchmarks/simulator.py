@@ -2,8 +2,9 @@
 
 1. Validation grid (short runs, cached in --out): facenet on ORL, workers 2, 3 and 4, links
    100 Mbit/s and 1 Gbit/s (tc-shaped hosts) and unshaped (loopback), slowdown equal (and 1,1,2,4
-   at 4 workers on the shaped links), strategies allreduce, fp16, powersgd, ring-topk, ps-sync,
-   ps-async, ps-threshold, ps-vsgd. The simulator is calibrated on the 2-worker cells (compute
+   at 4 workers on the shaped links), strategies allreduce, fp16, powersgd, ring-topk, ps-async,
+   ps-threshold, and ps-sync and ps-vsgd where the link is not 100 Mbit/s (there 8 pushes of the
+   whole model by every worker take minutes a cell; --more-ps-everywhere runs them). The simulator is calibrated on the 2-worker cells (compute
    scale, link efficiency, CPU per byte moved) and validated on the 3- and 4-worker cells: per cell
    the step-time error, and for the parameter servers the mean staleness predicted and measured and
    the distance between the two staleness histograms; the share within 15%, the median error, and
@@ -31,13 +32,14 @@ from common import add_out_arg, console, guarded, run_matrix
 from rich.table import Table
 
 from ringps.sim.auto import rank
-from ringps.sim.calibrate import cluster_for, fit_compute, fit_cpu, fit_efficiency, fit_server_efficiency, read_run
+from ringps.sim.calibrate import cluster_for, fit, fit_cpu, read_run
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options
 from ringps.sim.predict import Progress, load_progress, simulate
 from ringps.sim.workload import load_workload
 
-STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-sync", "ps-async", "ps-threshold", "ps-vsgd"]
+STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-async", "ps-threshold"]
+MORE_PS = ["ps-sync", "ps-vsgd"]
 PUBLISHED = [  # (label, profile, cluster, strategy, published efficiency, source)
     ("ResNet-101, 512 P100 (128 x 4), 25 Gbit/s RoCE", "resnet101-p100",
      {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.90,
@@ -74,34 +76,51 @@ def grid(args) -> list[Path]:
     # first steps, ring-topk's density ramp), and a short run would be mostly warm-up
     common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000,
               "powersgd_start_iter": 2, "density_warmup_epochs": 0}
-    out, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, 1, common, args.out)
-    return [Path(r["run_dir"]) for runs in results.values() for rs in runs.values() for r in rs]
+    _, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, 1, common, args.out)
+    more = {k: v for k, v in settings.items() if args.more_ps_everywhere or v.get("net") != "100mbit"}
+    _, extra = run_matrix("sim-grid", more, {s: {"strategy": s} for s in MORE_PS}, 1, common, args.out / "more-ps")
+    return [Path(r["run_dir"]) for res in (results, extra) for runs in res.values() for rs in runs.values() for r in rs]
+
+
+def staleness(hist: dict) -> tuple[float, dict[int, float]]:
+    """The mean and the distribution of a staleness histogram ({staleness: pushes}, keys as text or int)."""
+    total = sum(hist.values()) or 1
+    dist = {int(k): v / total for k, v in hist.items()}
+    return sum(k * p for k, p in dist.items()), dist
 
 
 def validate(runs: list[Path], w) -> list[str]:
     measured = [read_run(r) for r in runs]
     calib = [m for m in measured if m.workers == 2]
     test = [m for m in measured if m.workers != 2]
-    a = fit_compute(calib, w.compute_s)
-    eff = fit_efficiency(calib, w, a)
-    srv = fit_server_efficiency(calib, w, a, eff)
-    cpu = fit_cpu(calib, w, a, eff)
-    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {a:.3f} x profile per whole core, link efficiency "
-             f"{eff:.3f}, the servers' on lossy links {srv}, strategies' own CPU per step {cpu}; validated on "
-             f"{len(test)} cells with 3-4 workers"]
-    t = Table("cell", "strategy", "measured step s", "predicted", "error", title="validation (not used to calibrate)")
-    errs, by_setting = [], {}
+    f = fit(calib, w)
+    cpu = fit_cpu(calib, w, f)
+    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core, CPU "
+             f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' on lossy links "
+             f"{f.server_efficiency}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"]
+    t = Table("cell", "strategy", "measured step s", "predicted", "error", "staleness: measured mean", "predicted",
+              "histogram distance", title="validation (not used to calibrate)")
+    errs, by_setting, tv = [], {}, []
     for m in test:
-        p = simulate(m.strategy, w, cluster_for(m, a, eff, srv), m.options or Options(), Progress(cpu_s=cpu), steps=20)
+        p = simulate(m.strategy, w, cluster_for(m, f), m.options or Options(), Progress(cpu_s=cpu), steps=20)
         err = (p.step_s - m.step_s) / m.step_s
         errs.append(abs(err))
         key = m.run.parent.name
         by_setting.setdefault(key, []).append((m.step_s, p.step_s))
-        t.add_row(key, m.strategy, f"{m.step_s:.3f}", f"{p.step_s:.3f}", f"{err:+.0%}")
+        stale = ["", "", ""]
+        if m.extra.get("staleness_histogram") and "staleness_histogram" in p.extra:
+            (mm, md), (pm, pd) = staleness(m.extra["staleness_histogram"]), staleness(p.extra["staleness_histogram"])
+            d = sum(abs(md.get(k, 0.0) - pd.get(k, 0.0)) for k in set(md) | set(pd)) / 2  # total variation
+            tv.append(d)
+            stale = [f"{mm:.2f}", f"{pm:.2f}", f"{d:.2f}"]
+        t.add_row(key, m.strategy, f"{m.step_s:.3f}", f"{p.step_s:.3f}", f"{err:+.0%}", *stale)
     console.print(t)
     within = sum(e <= 0.15 for e in errs) / len(errs)
     lines.append(f"step time within 15% in {within:.0%} of {len(errs)} cells (bar 90%); median error "
                  f"{statistics.median(errs):.1%} (bar 10%)")
+    if tv:
+        lines.append(f"staleness histograms of {len(tv)} parameter-server cells: total variation distance, predicted "
+                     f"against measured, median {statistics.median(tv):.2f} (0: the same distribution, 1: disjoint)")
     for key, pairs in sorted(by_setting.items()):
         tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
         lines.append(f"{key}: Kendall tau of the strategies' order by step time {tau:.2f} (bar 0.8)")
@@ -126,9 +145,8 @@ def tta_ranks(folders: list[Path]) -> list[str]:
             if not runs:
                 continue
             w = load_workload(runs[0].model)
-            a = fit_compute(runs, w.compute_s)
-            eff = fit_efficiency(runs, w, a)
-            prog = load_progress(None).model_copy(update={"cpu_s": fit_cpu(runs, w, a, eff)})
+            f = fit(runs, w)
+            prog = load_progress(None).model_copy(update={"cpu_s": fit_cpu(runs, w, f)})
             by_label: dict[str, list] = {}
             for m in runs:
                 by_label.setdefault(m.run.name.rsplit("-r", 1)[0], []).append(m)
@@ -142,8 +160,8 @@ def tta_ranks(folders: list[Path]) -> list[str]:
                 if len(meas) * 2 <= len(ms):
                     t.add_row(label, "not reached (median)", "")
                     continue
-                own = prog.model_copy(update={"cpu_s": fit_cpu(ms, w, a, eff)})  # this variant's own CPU per step
-                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], a, eff), ms[0].options, own,
+                own = prog.model_copy(update={"cpu_s": fit_cpu(ms, w, f)})  # this variant's own CPU per step
+                pred = simulate(ms[0].strategy, w, cluster_for(ms[0], f), ms[0].options, own,
                                 steps=20).extra["time_to_accuracy_s"]
                 pairs.append((statistics.median(meas), pred))
                 t.add_row(label, f"{statistics.median(meas):.1f}", f"{pred:.1f}" if pred else "-")
@@ -153,7 +171,7 @@ def tta_ranks(folders: list[Path]) -> list[str]:
             lines.append(f"{folder.name}/{setting.name}: Kendall tau of the contenders' order by time-to-accuracy, "
                          f"predicted against measured: {tau:.2f} over {len(pairs)} contenders (bar 0.8)")
             # --strategy auto on this cluster: its pick against the best measured contender
-            pick = rank(w, cluster_for(runs[0], a, eff), prog)[0].strategy
+            pick = rank(w, cluster_for(runs[0], f), prog)[0].strategy
             measured = {label: statistics.median(x) for label, ms in by_label.items()
                         if len(x := [m.time_to_accuracy_s for m in ms if m.time_to_accuracy_s is not None]) * 2 > len(ms)}
             best = min(measured, key=measured.get)
@@ -223,6 +241,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=12, help="steps per grid run")
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
                    help="output folders of benchmarks/ring_topk.py: rank their contenders by predicted time-to-accuracy")
     add_out_arg(p)

@@ -90,17 +90,59 @@ def test_an_emulated_slow_worker_sleeps_and_frees_the_shared_cores():
     assert shared.step_s == pytest.approx(0.5 + 3 * 1.25 + 0.75, rel=0.05)
 
 
+def test_cpu_per_byte_moved_competes_with_compute_on_shared_cores():
+    """4 workers on 2 cores, a link fast enough not to matter: each all-reduce step (1 s of compute
+    at a whole core each: 2 s) moves 2 x 1.5 x 4 MB per worker; at 25 ns a byte that is 0.3 s of CPU
+    per worker, the four of them at half a core: +0.6 s. With a device (and cores) per worker: +0.3 s."""
+    w, o = toy(), Options()
+    moved = 2 * 1.5 * 4e6
+    shared = [simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit", shared_cores=2, cpu_per_byte=c), o,
+                       Progress(), steps=6).step_s for c in (0.0, 0.3 / moved)]
+    assert shared[0] == pytest.approx(2.0, rel=0.02) and shared[1] == pytest.approx(2.6, rel=0.02)
+    own = simulate("allreduce", w, ClusterSpec(workers=4, net="100gbit", cpu_per_byte=0.3 / moved), o, Progress(), steps=6)
+    assert own.step_s == pytest.approx(1.3, rel=0.02)
+    # on a slow link the same CPU hides under the transfer
+    slow = [simulate("allreduce", w, ClusterSpec(workers=4, net="10mbit", shared_cores=2, cpu_per_byte=c), o,
+                     Progress(), steps=6).step_s for c in (0.0, 0.3 / moved)]
+    assert slow[1] == pytest.approx(slow[0], rel=0.01)
+
+
+def test_cpu_per_byte_is_measured_between_allreduce_and_fp16():
+    """From the runs' recorded CPU per step: allreduce less fp16 in one setting, over the bytes
+    between them (2 x (ring bytes at 4 - at 2 bytes a value)); the median over settings."""
+    from pathlib import Path
+
+    from ringps.cost import ring_bytes
+    from ringps.sim.calibrate import Measured, fit, fit_cpu_per_byte
+
+    w = load_workload("facenet")
+
+    def m(strategy, net, cpu, workers=2):
+        return Measured(Path(f"/r/{strategy}"), strategy, workers, 1, net, None, 0.5, 1.0, None, None, 0, "facenet", {},
+                        label=strategy, cpu_s=cpu)
+
+    between = 2 * (ring_bytes(w.params, 2, 4) - ring_bytes(w.params, 2, 2))
+    runs = [m("allreduce", "1gbit", 0.9), m("fp16", "1gbit", 0.9 - 1e-9 * between),
+            m("allreduce", "100mbit", 0.8), m("fp16", "100mbit", 0.8 - 3e-9 * between),
+            m("allreduce", None, 0.7), m("fp16", None, 0.7 - 2e-9 * between), m("powersgd", None, 5.0)]
+    assert fit_cpu_per_byte(runs, w) == pytest.approx(2e-9, rel=1e-3)
+    assert fit_cpu_per_byte([r for r in runs if r.strategy != "fp16"], w) == 0.0  # no pair: not modelled
+    assert fit_cpu_per_byte([m("allreduce", None, None), m("fp16", None, 0.5)], w) == 0.0  # not recorded
+    assert fit(runs, w).cpu_per_byte == pytest.approx(2e-9, rel=1e-3)
+
+
 def test_calibration_fits_a_strategys_own_cpu_from_what_the_model_misses():
     from pathlib import Path
 
-    from ringps.sim.calibrate import Measured, fit_cpu, predict_step
+    from ringps.sim.calibrate import Fitted, Measured, fit_cpu, predict_step
 
     w = load_workload("facenet")
     m = Measured(Path("/r/p"), "powersgd", 2, 1, "10gbit", None, 0.2, 0.0, None, None, 0, "facenet", {})
-    m.step_s = predict_step(m, w, 2.0, 0.9) + 0.06  # 60 ms of PowerSGD's products the model does not itemise
-    cpu = fit_cpu([m], w, 2.0, 0.9)
+    f = Fitted(2.0, 0.9)
+    m.step_s = predict_step(m, w, f) + 0.06  # 60 ms of PowerSGD's products the model does not itemise
+    cpu = fit_cpu([m], w, f)
     assert cpu["powersgd"] == pytest.approx(0.06, abs=2e-3)
-    assert predict_step(m, w, 2.0, 0.9, cpu) == pytest.approx(m.step_s, rel=0.02)
+    assert predict_step(m, w, f, cpu) == pytest.approx(m.step_s, rel=0.02)
 
 
 def test_compression_shortens_a_communication_bound_step():
@@ -323,3 +365,37 @@ def test_link_sharing_flags_reach_the_cluster_and_bad_values_get_one_line():
     assert step(turns) < 0.8 * step(even) < step(even) < 0.8 * step(slow_link)
     bad = run("--fairness", "2")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--fairness" in bad.stderr
+
+
+def test_calibrate_cli_writes_every_machine_constant(tmp_path):
+    """`ringps simulate --calibrate` on two run folders (allreduce and fp16, 2 workers at 1 Gbit/s,
+    each with its recorded CPU per step) writes the fitted constants, CPU per byte among them."""
+    import yaml
+
+    from ringps.config import Config
+    from ringps.cost import ring_bytes
+
+    w = load_workload("facenet")
+    between = 2 * (ring_bytes(w.params, 2, 4) - ring_bytes(w.params, 2, 2))
+    runs = []
+    for strategy, step, cpu in (("allreduce", 1.0, 0.8), ("fp16", 0.8, 0.8 - 1.5e-9 * between)):
+        run = tmp_path / strategy
+        run.mkdir()
+        cfg = Config().model_dump(mode="json")
+        cfg["strategy"]["strategy"], cfg["run"]["net"], cfg["run"]["workers"] = strategy, "1gbit", 2
+        cfg["model"]["model"] = "facenet"
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (run / "summary.json").write_text(json.dumps({"step_s_median": step, "time_to_accuracy_s": None,
+                                                      "cpu_s_per_step": cpu}))
+        rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": step * (k // 2 + 1), "compute_s": 0.5}
+                for k in range(12)]
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        runs.append(str(run))
+    out = tmp_path / "fit.yaml"
+    r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--calibrate", *runs, "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert doc["cpu_per_byte"] == pytest.approx(1.5e-9, rel=1e-2)
+    assert 0.05 < doc["efficiency"] <= 1 and doc["compute_a"] > 0
+    assert "CPU per byte moved 1.5e-09 s" in r.stdout

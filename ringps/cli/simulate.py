@@ -9,7 +9,7 @@ servers the staleness histogram, drop fraction and server-link occupancy, and ti
 from the progress model (ringps/sim/predict.py; `--progress FILE` for your own measurements).
 Cluster keys are flags and YAML keys alike: workers, net, latency_s, node_size, intra_net,
 slowdown, jitter, servers, server_net, efficiency, fairness, server_efficiency, compute_scale,
-shared_cores.
+shared_cores, cpu_per_byte.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ringps.errors import ConfigError
 
 HELP = "predict step time and time-to-accuracy of every strategy on a cluster (discrete events + alpha-beta)"
 CLUSTER_KEYS = ("workers", "net", "latency_s", "node_size", "intra_net", "slowdown", "jitter", "servers", "server_net",
-                "efficiency", "fairness", "server_efficiency", "compute_scale", "shared_cores")
+                "efficiency", "fairness", "server_efficiency", "compute_scale", "shared_cores", "cpu_per_byte")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-scale", type=float, help="the profile's compute x this (another device)")
     p.add_argument("--shared-cores", type=int, help="all workers are processes sharing this many cores (an emulated "
                    "cluster on one machine, like ringps's own --net runs)")
+    p.add_argument("--cpu-per-byte", type=float, help="CPU seconds per byte a worker sends or receives, on the cores it "
+                   "computes on (default 0: not modelled; --calibrate measures it)")
     p.add_argument("--strategy", default="all", help="comma-separated, or all")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--powersgd-rank", type=int, default=4)

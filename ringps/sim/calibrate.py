@@ -5,6 +5,10 @@ links, slowdown, the median compute and step time per step and the steps to the 
 - `compute_scale` = a: the profile's compute x a = the synchronous runs' measured compute per
   whole core (their workers share this machine's cores, which the simulator then models itself:
   sim/cpu.py), one `a` for all runs;
+- `cpu_per_byte`: the CPU seconds a worker spends per byte it sends or receives (system calls,
+  the collective's copies and sums), measured, not fitted: each run records its processes' CPU per
+  step, and allreduce against fp16 in one setting (the same compute, half the bytes) gives the
+  CPU of the bytes between them, median over settings;
 - `efficiency`: payload per configured link bit, the one value that makes the dense runs'
   predicted step times match on shaped links (a 1-D search, median over runs);
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
@@ -20,7 +24,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
@@ -29,7 +33,7 @@ import yaml
 
 from ringps.comm.exchanges import EXCHANGES
 from ringps.config import parse_rate
-from ringps.cost import EMULATED_QUEUE_S, CostParams, contention, cores
+from ringps.cost import EMULATED_QUEUE_S, CostParams, contention, cores, ring_bytes
 from ringps.errors import ConfigError
 
 
@@ -50,6 +54,17 @@ class Measured:
     extra: dict
     options: Any = None  # engine Options of the run's own settings (H, density, rank...); None: defaults
     label: str = ""  # the run's name less its repeat (-r0): the strategy, or a variant of it
+    cpu_s: Optional[float] = None  # a worker process's CPU per step, threads and system calls (None: not recorded)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What calibration fits of the machine that ran the runs (ringps's emulated cluster)."""
+
+    compute_a: float  # measured compute = the profile's x this, per whole core
+    efficiency: float = 0.95  # payload per configured link bit
+    server_efficiency: Optional[float] = None  # the servers' links' where they are lossy (None: efficiency)
+    cpu_per_byte: float = 0.0  # CPU seconds per byte a worker moves, on the cores it computes on
 
 
 def options_of(cfg: dict, summary: Optional[dict] = None):
@@ -97,7 +112,8 @@ def read_run(run: Path) -> Measured:
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
                      "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg, s),
-                    label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name)
+                    label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
+                    cpu_s=s.get("cpu_s_per_step"))
 
 
 def sparse_share(summary: dict) -> Optional[float]:
@@ -143,24 +159,23 @@ def lossy(net: Optional[str]) -> bool:
     return bool(net) and parse_rate(net) / 8 * EMULATED_QUEUE_S < in_flight_ceiling()
 
 
-def cluster_for(m: Measured, a: float, efficiency: float, server_efficiency: Optional[float] = None):
+def cluster_for(m: Measured, f: Fitted):
     """The cluster a measured run ran on: ringps's emulated one, every process on this machine's
-    cores; on a lossy link the servers' transfers take turns, at `server_efficiency`."""
+    cores; on a lossy link the servers' transfers take turns, at the servers' own efficiency."""
     from ringps.sim.cluster import ClusterSpec
 
     drops = lossy(m.net)
     return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
-                       compute_scale=a, shared_cores=cores(), efficiency=efficiency, latency_s=2e-4,
-                       fairness=0.0 if drops else 1.0, server_efficiency=server_efficiency if drops else None)
+                       compute_scale=f.compute_a, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
+                       fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency if drops else None,
+                       cpu_per_byte=f.cpu_per_byte)
 
 
-def predict_step(m: Measured, w, a: float, efficiency: float, cpu: Optional[dict] = None,
-                 server_efficiency: Optional[float] = None) -> float:
+def predict_step(m: Measured, w, f: Fitted, cpu: Optional[dict] = None) -> float:
     from ringps.sim.engine import Options
     from ringps.sim.predict import Progress, simulate
 
-    return simulate(m.strategy, w, cluster_for(m, a, efficiency, server_efficiency), m.options or Options(),
-                    Progress(cpu_s=cpu or {}), steps=12).step_s
+    return simulate(m.strategy, w, cluster_for(m, f), m.options or Options(), Progress(cpu_s=cpu or {}), steps=12).step_s
 
 
 def fit_link(m: Measured, step_at) -> float:
@@ -173,22 +188,47 @@ def fit_link(m: Measured, step_at) -> float:
     return (lo + hi) / 2
 
 
-def fit_efficiency(runs: list[Measured], w, a: float) -> float:
-    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, a, e))
+def fit_cpu_per_byte(runs: list[Measured], w) -> float:
+    """CPU seconds per byte a worker sends or receives: per setting (link, slowdown, workers, seed),
+    allreduce's recorded CPU per step less fp16's over the bytes between them (a ring all-reduce
+    sends and receives 2(N-1)/N of the gradient's bytes; fp16's cast, two passes over the
+    gradient, is the small part this leaves in), the median over settings; 0 without such pairs."""
+    pairs: dict[tuple, dict[str, Measured]] = {}
+    for m in runs:
+        if m.strategy in ("allreduce", "fp16") and m.cpu_s and m.label == m.strategy:
+            pairs.setdefault((m.net, str(m.slowdown), m.workers, m.seed), {})[m.strategy] = m
+    fits = []
+    for p in pairs.values():
+        if len(p) == 2:
+            n = p["allreduce"].workers
+            moved = 2 * (ring_bytes(w.params, n, 4) - ring_bytes(w.params, n, 2))
+            fits.append(max(0.0, p["allreduce"].cpu_s - p["fp16"].cpu_s) / moved)
+    return float(f"{statistics.median(fits):.3g}") if fits else 0.0
+
+
+def fit(runs: list[Measured], w) -> Fitted:
+    """Every machine constant, in the order each depends on the ones before."""
+    f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs, w))
+    f = replace(f, efficiency=fit_efficiency(runs, w, f))
+    return replace(f, server_efficiency=fit_server_efficiency(runs, w, f))
+
+
+def fit_efficiency(runs: list[Measured], w, f: Fitted) -> float:
+    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, efficiency=e)))
             for m in runs if m.strategy in ("allreduce", "fp16") and m.net]
     return statistics.median(fits) if fits else 0.95
 
 
-def fit_server_efficiency(runs: list[Measured], w, a: float, efficiency: float) -> Optional[float]:
+def fit_server_efficiency(runs: list[Measured], w, f: Fitted) -> Optional[float]:
     """The servers' link efficiency on lossy links (`lossy`): the one value that makes the
     parameter-server runs there match, median over runs (None: no such run). Where the queue
     overflows, TCP loses throughput to drops that a ring's steadier flows do not see."""
-    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, a, efficiency, server_efficiency=e))
+    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, server_efficiency=e)))
             for m in runs if m.strategy.startswith("ps-") and lossy(m.net) and m.step_s]
     return round(statistics.median(fits), 4) if fits else None
 
 
-def fit_cpu(runs: list[Measured], w, a: float, efficiency: float) -> dict[str, float]:
+def fit_cpu(runs: list[Measured], w, f: Fitted) -> dict[str, float]:
     """Per synchronous strategy, the CPU seconds per step its exchange spends beyond what the model
     itemises (PowerSGD's matrix products and error feedback; copies): the median over its runs of
     measured less predicted step time, where positive. On this machine and model only."""
@@ -197,7 +237,7 @@ def fit_cpu(runs: list[Measured], w, a: float, efficiency: float) -> dict[str, f
         for m in ms:
             if m.strategy.startswith("ps-") or m.strategy in ("localsgd", "diloco") or not m.step_s:
                 continue
-            out.setdefault(strategy, []).append(max(0.0, m.step_s - predict_step(m, w, a, efficiency)))
+            out.setdefault(strategy, []).append(max(0.0, m.step_s - predict_step(m, w, f)))
     return {k: round(statistics.median(v), 4) for k, v in out.items()}
 
 
@@ -226,18 +266,17 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     if len(models) != 1:
         raise ConfigError(f"--calibrate: runs of one model at a time (got {', '.join(sorted(models))})")
     w = load_workload(models.pop())
-    a = fit_compute(runs, w.compute_s)
-    eff = fit_efficiency(runs, w, a)
-    srv = fit_server_efficiency(runs, w, a, eff)
-    cpu = fit_cpu(runs, w, a, eff)
+    f = fit(runs, w)
+    cpu = fit_cpu(runs, w, f)
     factor = fit_progress(runs)
     dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
-    console.print(f"compute: measured = {a:.3f} x profile per whole core ({cores()} cores shared by each run's "
-                  f"processes); links: efficiency {eff:.3f}" + (f", servers' on lossy links {srv:.3f}" if srv else "") +
+    console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
+                  f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
+                  (f", servers' on lossy links {f.server_efficiency:.3f}" if f.server_efficiency else "") +
                   f"; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:
-        p = predict_step(m, w, a, eff, cpu, srv)
+        p = predict_step(m, w, f, cpu)
         err = (p - m.step_s) / m.step_s if m.step_s else math.nan
         errors.append(abs(err))
         console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
@@ -245,7 +284,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}")
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            "workers_ref": runs[0].workers, "dense_steps": statistics.median(dense) if dense else None,
-           "factor": factor, "staleness_a": 0.1, "compute_a": round(a, 4), "efficiency": round(eff, 4), "server_efficiency": srv, "cpu_s": cpu}
+           "factor": factor, "staleness_a": 0.1, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
+           "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte, "cpu_s": cpu}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
         console.print(f"written: {out}")

@@ -18,6 +18,9 @@ same keys, validated like every other config.
     compute_scale: 1.0        # the profile's compute x this (another device)
     shared_cores: 2           # optional: every worker is a process on one machine with this many
                               # cores (an emulated cluster like ringps's own): they share them
+    cpu_per_byte: 4.0e-10     # CPU seconds per byte a worker sends or receives (system calls,
+                              # the collective's copies and sums), on the cores it computes on;
+                              # 0 (default): not modelled (--calibrate measures it)
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class ClusterSpec(BaseModel):
     server_efficiency: Optional[float] = Field(None, gt=0, le=1)  # the servers' links' (default: efficiency)
     compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device)
     shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
+    cpu_per_byte: float = Field(0.0, ge=0, le=1e-6)  # CPU s per byte a worker moves (sent + received)
 
     @field_validator("net", "intra_net", "server_net")
     @classmethod

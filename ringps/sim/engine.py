@@ -186,6 +186,10 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     sent_per_step = (ring_bytes(w.params, c.workers) / o.local_period if local
                      else sum(x.sent for x in comm) + ring_bytes(fused, c.workers))
     selectable = sum(x.selectable for x in comm)
+    # the CPU that moving the bytes costs (system calls, the collective's copies and sums), sent and
+    # received alike, on the cores the workers compute on: after the backward, beside the last
+    # collectives (where the step waits on the link it hides, where it waits on the cores it adds)
+    own_cpu = o.extra_cpu_s + c.cpu_per_byte * 2 * sent_per_step
     ends, computes = [], []
     last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
 
@@ -194,7 +198,7 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
         # emulated cluster; bucket b is ready when the slowest worker's backward has done ready_b
         t0 = env.now
         js = [rng.lognormvariate(0, c.jitter) if c.jitter else 1.0 for _ in slow]
-        ph = [worker_phases(c, fwd, bwd, o.extra_cpu_s, f, j, last[i]) for i, (f, j) in enumerate(zip(slow, js))]
+        ph = [worker_phases(c, fwd, bwd, own_cpu, f, j, last[i]) for i, (f, j) in enumerate(zip(slow, js))]
         share(ph, c.shared_cores, t0)
         for i, p in enumerate(ph):
             last[i] = (p[0].end - p[0].start) + (p[2].end - p[2].start)

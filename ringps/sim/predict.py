@@ -41,6 +41,7 @@ class Progress(BaseModel):
     compute_a: Optional[float] = None  # calibration: measured compute = a x profile per whole core (informational)
     efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
     server_efficiency: Optional[float] = None  # calibration: the servers' links', where lossy (informational)
+    cpu_per_byte: Optional[float] = None  # calibration: CPU seconds per byte a worker moved (informational)
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
     cpu_s: dict[str, float] = {}
