@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -124,6 +125,13 @@ def validate(runs: list[Path], w) -> list[str]:
     for key, pairs in sorted(by_setting.items()):
         tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
         lines.append(f"{key}: Kendall tau of the strategies' order by step time {tau:.2f} (bar 0.8)")
+    # the same cells without the CPU per byte (the model before it), recalibrated so
+    lesion = fit([replace(m, cpu_s=None) for m in calib], w)
+    lesion_cpu = fit_cpu(calib, w, lesion)
+    errs0 = [abs(simulate(m.strategy, w, cluster_for(m, lesion), m.options or Options(), Progress(cpu_s=lesion_cpu),
+                          steps=20).step_s - m.step_s) / m.step_s for m in test]
+    lines.append(f"without the CPU per byte moved (recalibrated): within 15% in {sum(e <= 0.15 for e in errs0) / len(errs0):.0%}, "
+                 f"median error {statistics.median(errs0):.1%}")
     return lines
 
 
