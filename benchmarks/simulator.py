@@ -126,7 +126,7 @@ def validate(runs: list[Path], w) -> list[str]:
         tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
         lines.append(f"{key}: Kendall tau of the strategies' order by step time {tau:.2f} (bar 0.8)")
     # the same cells without the CPU per byte (the model before it), recalibrated so
-    lesion = fit([replace(m, cpu_s=None) for m in calib], w)
+    lesion = fit([replace(m, kernel_cpu_s=None) for m in calib], w)
     lesion_cpu = fit_cpu(calib, w, lesion)
     errs0 = [abs(simulate(m.strategy, w, cluster_for(m, lesion), m.options or Options(), Progress(cpu_s=lesion_cpu),
                           steps=20).step_s - m.step_s) / m.step_s for m in test]

@@ -41,6 +41,8 @@ def test_train_writes_a_complete_run_folder(tmp_path):
         assert key in summary, key
     assert summary["slowdown"] == [1.0, 2.0] and summary["workers"] == 2
     assert summary["cpu_s_per_step"] == pytest.approx(sum(s["cpu_s"] for s in steps) / len(steps))
+    kernel = [s["host_kernel_cpu_s"] for s in steps if s["worker"] == 0]
+    assert all(k >= 0 for k in kernel) and summary["host_kernel_cpu_s_per_step"] == pytest.approx(sum(kernel) / len(kernel))
     assert summary["final_accuracy"] > 0.5
     # worker 0 is twice as fast, so it waits for worker 1 at every exchange
     pw = summary["per_worker"]

@@ -107,28 +107,24 @@ def test_cpu_per_byte_moved_competes_with_compute_on_shared_cores():
     assert slow[1] == pytest.approx(slow[0], rel=0.01)
 
 
-def test_cpu_per_byte_is_measured_between_allreduce_and_fp16():
-    """From the runs' recorded CPU per step: allreduce less fp16 in one setting, over the bytes
-    between them (2 x (ring bytes at 4 - at 2 bytes a value)); the median over settings."""
+def test_cpu_per_byte_is_the_host_kernels_cpu_over_the_bytes_moved():
+    """From the runs' recorded host kernel CPU per step over the bytes all workers sent and received
+    in it, the median over the dense runs; parameter-server runs and variants do not count."""
     from pathlib import Path
 
-    from ringps.cost import ring_bytes
     from ringps.sim.calibrate import Measured, fit, fit_cpu_per_byte
 
     w = load_workload("facenet")
 
-    def m(strategy, net, cpu, workers=2):
-        return Measured(Path(f"/r/{strategy}"), strategy, workers, 1, net, None, 0.5, 1.0, None, None, 0, "facenet", {},
-                        label=strategy, cpu_s=cpu)
+    def m(strategy, workers, kernel, moved=1e8, label=None):
+        return Measured(Path(f"/r/{strategy}"), strategy, workers, 1, "1gbit", None, 0.5, 1.0, None, None, 0, "facenet",
+                        {}, label=label or strategy, kernel_cpu_s=kernel, moved=moved)
 
-    between = 2 * (ring_bytes(w.params, 2, 4) - ring_bytes(w.params, 2, 2))
-    runs = [m("allreduce", "1gbit", 0.9), m("fp16", "1gbit", 0.9 - 1e-9 * between),
-            m("allreduce", "100mbit", 0.8), m("fp16", "100mbit", 0.8 - 3e-9 * between),
-            m("allreduce", None, 0.7), m("fp16", None, 0.7 - 2e-9 * between), m("powersgd", None, 5.0)]
-    assert fit_cpu_per_byte(runs, w) == pytest.approx(2e-9, rel=1e-3)
-    assert fit_cpu_per_byte([r for r in runs if r.strategy != "fp16"], w) == 0.0  # no pair: not modelled
-    assert fit_cpu_per_byte([m("allreduce", None, None), m("fp16", None, 0.5)], w) == 0.0  # not recorded
-    assert fit(runs, w).cpu_per_byte == pytest.approx(2e-9, rel=1e-3)
+    runs = [m("allreduce", 2, 0.2), m("fp16", 2, 0.05, moved=5e7), m("allreduce", 4, 1.2),
+            m("ps-async", 2, 9.0), m("fp16", 2, 9.0, label="fp16+x=1")]
+    assert fit_cpu_per_byte(runs) == pytest.approx(1e-9)  # 0.2 / 2e8, 0.05 / 1e8, 1.2 / 4e8: median 1e-9
+    assert fit_cpu_per_byte([m("allreduce", 2, None)]) == 0.0  # not recorded: not modelled
+    assert fit(runs, w).cpu_per_byte == pytest.approx(1e-9)
 
 
 def test_calibration_fits_a_strategys_own_cpu_from_what_the_model_misses():
@@ -369,16 +365,14 @@ def test_link_sharing_flags_reach_the_cluster_and_bad_values_get_one_line():
 
 def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     """`ringps simulate --calibrate` on two run folders (allreduce and fp16, 2 workers at 1 Gbit/s,
-    each with its recorded CPU per step) writes the fitted constants, CPU per byte among them."""
+    each with the host kernel's CPU per step recorded) writes the fitted constants, CPU per byte
+    among them (0.3 s over 2 workers x 2e8 bytes: 7.5e-10)."""
     import yaml
 
     from ringps.config import Config
-    from ringps.cost import ring_bytes
 
-    w = load_workload("facenet")
-    between = 2 * (ring_bytes(w.params, 2, 4) - ring_bytes(w.params, 2, 2))
     runs = []
-    for strategy, step, cpu in (("allreduce", 1.0, 0.8), ("fp16", 0.8, 0.8 - 1.5e-9 * between)):
+    for strategy, step, kernel, sent in (("allreduce", 1.0, 0.3, 1e8), ("fp16", 0.8, 0.15, 5e7)):
         run = tmp_path / strategy
         run.mkdir()
         cfg = Config().model_dump(mode="json")
@@ -386,7 +380,8 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
         cfg["model"]["model"] = "facenet"
         (run / "config.yaml").write_text(yaml.safe_dump(cfg))
         (run / "summary.json").write_text(json.dumps({"step_s_median": step, "time_to_accuracy_s": None,
-                                                      "cpu_s_per_step": cpu}))
+                                                      "host_kernel_cpu_s_per_step": kernel,
+                                                      "bytes_sent_per_step": sent, "bytes_recv_per_step": sent}))
         rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": step * (k // 2 + 1), "compute_s": 0.5}
                 for k in range(12)]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
@@ -396,6 +391,6 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(out.read_text())
-    assert doc["cpu_per_byte"] == pytest.approx(1.5e-9, rel=1e-2)
+    assert doc["cpu_per_byte"] == pytest.approx(7.5e-10, rel=1e-2)
     assert 0.05 < doc["efficiency"] <= 1 and doc["compute_a"] > 0
-    assert "CPU per byte moved 1.5e-09 s" in r.stdout
+    assert "CPU per byte moved 7.5e-10 s" in r.stdout

@@ -3,6 +3,7 @@
 `TcpCounters` reads what the kernel actually moved on this process's TCP sockets (tcp_info's
 bytes_acked / bytes_received), so every strategy's traffic is measured the same way, gloo's own
 collectives included. `PayloadMeter` counts what an algorithm itself hands to the transport.
+`host_kernel_cpu` reads the CPU the host's kernel has spent, which moving those bytes costs.
 """
 
 from __future__ import annotations
@@ -10,12 +11,28 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 # struct tcp_info (linux/tcp.h): __u64 tcpi_bytes_acked at offset 120, tcpi_bytes_received at 128
 _TCPI_BYTES = struct.Struct("QQ")
 _TCPI_OFFSET = 120
 _TCPI_LEN = 136
+
+
+def host_kernel_cpu() -> Optional[float]:
+    """Seconds all of this host's CPUs have spent in the kernel so far (system, irq and softirq time
+    of /proc/stat), None without /proc/stat. An emulated link's work (TCP, veth, the bridge, tbf)
+    runs there, much of it in softirq, which no process is charged for: the simulator's CPU per
+    byte moved is calibrated from it (sim/calibrate.py)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()  # cpu user nice system idle iowait irq softirq ...
+        return (int(fields[3]) + int(fields[6]) + int(fields[7])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class Bytes(NamedTuple):

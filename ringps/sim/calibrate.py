@@ -5,10 +5,11 @@ links, slowdown, the median compute and step time per step and the steps to the 
 - `compute_scale` = a: the profile's compute x a = the synchronous runs' measured compute per
   whole core (their workers share this machine's cores, which the simulator then models itself:
   sim/cpu.py), one `a` for all runs;
-- `cpu_per_byte`: the CPU seconds a worker spends per byte it sends or receives (system calls,
-  the collective's copies and sums), measured, not fitted: each run records its processes' CPU per
-  step, and allreduce against fp16 in one setting (the same compute, half the bytes) gives the
-  CPU of the bytes between them, median over settings;
+- `cpu_per_byte`: the CPU seconds the host spends per byte a worker sends or receives, measured,
+  not fitted: each step records the host kernel's CPU (system, irq, softirq: TCP, veth, the
+  bridge, tbf; comm/meter.py), which the dense runs' bytes (all workers, sent and received) divide,
+  median over those runs. (Each process's own CPU, also recorded, barely moves with the bytes:
+  most of the work is softirq, which no process is charged for.)
 - `efficiency`: payload per configured link bit, the one value that makes the dense runs'
   predicted step times match on shaped links (a 1-D search, median over runs);
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
@@ -33,7 +34,7 @@ import yaml
 
 from ringps.comm.exchanges import EXCHANGES
 from ringps.config import parse_rate
-from ringps.cost import EMULATED_QUEUE_S, CostParams, contention, cores, ring_bytes
+from ringps.cost import EMULATED_QUEUE_S, CostParams, contention, cores
 from ringps.errors import ConfigError
 
 
@@ -54,7 +55,8 @@ class Measured:
     extra: dict
     options: Any = None  # engine Options of the run's own settings (H, density, rank...); None: defaults
     label: str = ""  # the run's name less its repeat (-r0): the strategy, or a variant of it
-    cpu_s: Optional[float] = None  # a worker process's CPU per step, threads and system calls (None: not recorded)
+    kernel_cpu_s: Optional[float] = None  # the host kernel's CPU per step (None: not recorded)
+    moved: float = 0.0  # bytes a worker sent and received per step, as TCP counted them
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ def read_run(run: Path) -> Measured:
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
                      "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg, s),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
-                    cpu_s=s.get("cpu_s_per_step"))
+                    kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
+                    moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0))
 
 
 def sparse_share(summary: dict) -> Optional[float]:
@@ -188,27 +191,18 @@ def fit_link(m: Measured, step_at) -> float:
     return (lo + hi) / 2
 
 
-def fit_cpu_per_byte(runs: list[Measured], w) -> float:
-    """CPU seconds per byte a worker sends or receives: per setting (link, slowdown, workers, seed),
-    allreduce's recorded CPU per step less fp16's over the bytes between them (a ring all-reduce
-    sends and receives 2(N-1)/N of the gradient's bytes; fp16's cast, two passes over the
-    gradient, is the small part this leaves in), the median over settings; 0 without such pairs."""
-    pairs: dict[tuple, dict[str, Measured]] = {}
-    for m in runs:
-        if m.strategy in ("allreduce", "fp16") and m.cpu_s and m.label == m.strategy:
-            pairs.setdefault((m.net, str(m.slowdown), m.workers, m.seed), {})[m.strategy] = m
-    fits = []
-    for p in pairs.values():
-        if len(p) == 2:
-            n = p["allreduce"].workers
-            moved = 2 * (ring_bytes(w.params, n, 4) - ring_bytes(w.params, n, 2))
-            fits.append(max(0.0, p["allreduce"].cpu_s - p["fp16"].cpu_s) / moved)
+def fit_cpu_per_byte(runs: list[Measured]) -> float:
+    """CPU seconds per byte a worker sends or receives: the host kernel's CPU per step over the
+    bytes all its workers moved in it, median over the dense runs (allreduce, fp16: the kernel's
+    work is nearly all theirs); 0 where no run recorded it."""
+    fits = [m.kernel_cpu_s / (m.workers * m.moved) for m in runs
+            if m.strategy in ("allreduce", "fp16") and m.label == m.strategy and m.kernel_cpu_s is not None and m.moved]
     return float(f"{statistics.median(fits):.3g}") if fits else 0.0
 
 
 def fit(runs: list[Measured], w) -> Fitted:
     """Every machine constant, in the order each depends on the ones before."""
-    f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs, w))
+    f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs))
     f = replace(f, efficiency=fit_efficiency(runs, w, f))
     return replace(f, server_efficiency=fit_server_efficiency(runs, w, f))
 

@@ -85,6 +85,12 @@ def accuracy_setbacks(accuracies: list[float]) -> int:
     return setbacks
 
 
+def host_kernel_per_step(by_worker: dict[int, list[dict[str, Any]]]) -> Optional[float]:
+    rs = [r["host_kernel_cpu_s"] for r in by_worker.get(min(by_worker, default=0), [])
+          if r.get("host_kernel_cpu_s") is not None]
+    return sum(rs) / len(rs) if rs else None
+
+
 def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     extra = extra or {}
     steps = [r for r in rows if r["kind"] == "step"]
@@ -139,6 +145,9 @@ def summarize(cfg: dict[str, Any], rows: list[dict[str, Any]], extra: Optional[d
                           if any(p["step_s_median"] is not None for p in pw) else None),
         "compute_s_per_step": sum(p["compute_s"] for p in pw) / n_steps if n_steps else None,
         "cpu_s_per_step": sum(p["cpu_s"] for p in pw) / n_steps if n_steps else None,
+        # the host's kernel CPU (system, irq, softirq) per step, over the first worker's steps: on
+        # ringps's emulated cluster every process shares the one host, so this is the job's
+        "host_kernel_cpu_s_per_step": host_kernel_per_step(by_worker),
         "comm_s_per_step": sum(p["comm_s"] for p in pw) / n_steps if n_steps else None,
         "wait_s_per_step": sum(p["wait_s"] for p in pw) / n_steps if n_steps else None,
         "loss_spikes": sum(p["loss_spikes"] for p in pw),

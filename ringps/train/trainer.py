@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from ringps import trace
-from ringps.comm.meter import TcpCounters
+from ringps.comm.meter import TcpCounters, host_kernel_cpu
 from ringps.data import Dataset
 from ringps.data.loader import ShardedLoader
 from ringps.record import Recorder
@@ -165,11 +165,12 @@ class Trainer:
                     g["lr"] = lr
                 self.where = f"step {self.step + 1}"
                 profiler.before(self.step + 1)
-                before, cpu0 = self.tcp.read(), time.process_time()
+                before, cpu0, kernel0 = self.tcp.read(), time.process_time(), host_kernel_cpu()
                 stats = self.strategy.step(batch)
-                # the whole process's CPU (compute, the collectives' threads, the system calls that move
-                # the bytes): the simulator's CPU per byte moved is calibrated from it (sim/calibrate.py)
-                cpu = time.process_time() - cpu0
+                # the process's CPU (compute, the collectives' threads, its system calls), and the host
+                # kernel's, all processes and softirq together (what moving the bytes costs: sim/calibrate.py)
+                cpu, kernel = time.process_time() - cpu0, host_kernel_cpu()
+                kernel = kernel - kernel0 if kernel is not None and kernel0 is not None else None
                 moved = self.tcp.read() - before
                 profiler.after(self.step + 1)
                 tracer.counter("bytes", sent=moved.sent, recv=moved.recv)
@@ -181,6 +182,7 @@ class Trainer:
                 self.recorder.write(
                     "step", worker=ctx.worker, step=self.step, progress=at + 1, epoch=epoch, t=clock.now(), wall=time.time(),
                     loss=stats.loss, lr=lr, compute_s=stats.compute_s, exposed_s=stats.exposed_s, cpu_s=cpu,
+                    host_kernel_cpu_s=kernel,
                     wait_s=stats.wait_s, t_ready=stats.t_ready, bytes_sent=moved.sent, bytes_recv=moved.recv,
                     payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
                     paused_s=stats.paused_s, **stats.extra,
