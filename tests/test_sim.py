@@ -107,24 +107,28 @@ def test_cpu_per_byte_moved_competes_with_compute_on_shared_cores():
     assert slow[1] == pytest.approx(slow[0], rel=0.01)
 
 
-def test_cpu_per_byte_is_the_host_kernels_cpu_over_the_bytes_moved():
-    """From the runs' recorded host kernel CPU per step over the bytes all workers sent and received
-    in it, the median over the dense runs; parameter-server runs and variants do not count."""
+def test_cpu_per_byte_is_the_host_kernels_cpu_per_byte_beside_its_cpu_per_second():
+    """The runs' recorded host kernel CPU per step = b x step + c x bytes (all workers, sent and
+    received): least squares over the dense runs gives c; parameter-server runs and variants do not
+    count; a per-second part alone (c = 0) is not mistaken for bytes."""
     from pathlib import Path
 
     from ringps.sim.calibrate import Measured, fit, fit_cpu_per_byte
 
     w = load_workload("facenet")
 
-    def m(strategy, workers, kernel, moved=1e8, label=None):
-        return Measured(Path(f"/r/{strategy}"), strategy, workers, 1, "1gbit", None, 0.5, 1.0, None, None, 0, "facenet",
-                        {}, label=label or strategy, kernel_cpu_s=kernel, moved=moved)
+    def m(strategy, workers, step, moved, b=0.3, c=1e-9, label=None):
+        return Measured(Path(f"/r/{strategy}"), strategy, workers, 1, "1gbit", None, 0.5, step, None, None, 0, "facenet",
+                        {}, label=label or strategy, kernel_cpu_s=b * step + c * workers * moved, moved=moved)
 
-    runs = [m("allreduce", 2, 0.2), m("fp16", 2, 0.05, moved=5e7), m("allreduce", 4, 1.2),
-            m("ps-async", 2, 9.0), m("fp16", 2, 9.0, label="fp16+x=1")]
-    assert fit_cpu_per_byte(runs) == pytest.approx(1e-9)  # 0.2 / 2e8, 0.05 / 1e8, 1.2 / 4e8: median 1e-9
-    assert fit_cpu_per_byte([m("allreduce", 2, None)]) == 0.0  # not recorded: not modelled
-    assert fit(runs, w).cpu_per_byte == pytest.approx(1e-9)
+    runs = [m("allreduce", 2, 0.6, 8.6e7), m("fp16", 2, 0.48, 4.3e7), m("allreduce", 4, 1.0, 1.3e8),
+            m("ps-async", 2, 1.0, 8.6e7, c=9e-9), m("fp16", 2, 0.4, 4.3e7, c=9e-9, label="fp16+x=1")]
+    assert fit_cpu_per_byte(runs) == pytest.approx(1e-9, rel=1e-3)
+    assert fit(runs, w).cpu_per_byte == pytest.approx(1e-9, rel=1e-3)
+    baseline = [m("allreduce", 2, 0.6, 8.6e7, c=0.0), m("fp16", 2, 0.48, 4.3e7, c=0.0)]
+    assert fit_cpu_per_byte(baseline) == pytest.approx(0.0, abs=1e-15)
+    assert fit_cpu_per_byte(baseline[:1]) == 0.0  # one run: b and c cannot both be known
+    assert fit_cpu_per_byte([m("allreduce", 2, 0.6, 8.6e7), m("fp16", 2, 0.6, 8.6e7)]) == 0.0  # in proportion
 
 
 def test_calibration_fits_a_strategys_own_cpu_from_what_the_model_misses():
@@ -366,13 +370,15 @@ def test_link_sharing_flags_reach_the_cluster_and_bad_values_get_one_line():
 def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     """`ringps simulate --calibrate` on two run folders (allreduce and fp16, 2 workers at 1 Gbit/s,
     each with the host kernel's CPU per step recorded) writes the fitted constants, CPU per byte
-    among them (0.3 s over 2 workers x 2e8 bytes: 7.5e-10)."""
+    among them."""
     import yaml
 
     from ringps.config import Config
 
     runs = []
-    for strategy, step, kernel, sent in (("allreduce", 1.0, 0.3, 1e8), ("fp16", 0.8, 0.15, 5e7)):
+    # kernel CPU per step: 0.25 s per second of step plus 7.5e-10 s per byte (2 workers x sent + received)
+    for strategy, step, sent in (("allreduce", 1.0, 1e8), ("fp16", 0.8, 5e7)):
+        kernel = 0.25 * step + 7.5e-10 * 2 * 2 * sent
         run = tmp_path / strategy
         run.mkdir()
         cfg = Config().model_dump(mode="json")

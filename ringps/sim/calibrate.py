@@ -5,11 +5,11 @@ links, slowdown, the median compute and step time per step and the steps to the 
 - `compute_scale` = a: the profile's compute x a = the synchronous runs' measured compute per
   whole core (their workers share this machine's cores, which the simulator then models itself:
   sim/cpu.py), one `a` for all runs;
-- `cpu_per_byte`: the CPU seconds the host spends per byte a worker sends or receives, measured,
-  not fitted: each step records the host kernel's CPU (system, irq, softirq: TCP, veth, the
-  bridge, tbf; comm/meter.py), which the dense runs' bytes (all workers, sent and received) divide,
-  median over those runs. (Each process's own CPU, also recorded, barely moves with the bytes:
-  most of the work is softirq, which no process is charged for.)
+- `cpu_per_byte`: the CPU seconds the host spends per byte a worker sends or receives: each step
+  records the host kernel's CPU (system, irq, softirq: TCP, veth, the bridge, tbf;
+  comm/meter.py), fitted over the dense runs as a per-second part plus a per-byte part. (Each
+  process's own CPU, also recorded, barely moves with the bytes: most of the network's work is
+  softirq, which no process is charged for.)
 - `efficiency`: payload per configured link bit, the one value that makes the dense runs'
   predicted step times match on shaped links (a 1-D search, median over runs);
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
@@ -192,12 +192,25 @@ def fit_link(m: Measured, step_at) -> float:
 
 
 def fit_cpu_per_byte(runs: list[Measured]) -> float:
-    """CPU seconds per byte a worker sends or receives: the host kernel's CPU per step over the
-    bytes all its workers moved in it, median over the dense runs (allreduce, fp16: the kernel's
-    work is nearly all theirs); 0 where no run recorded it."""
-    fits = [m.kernel_cpu_s / (m.workers * m.moved) for m in runs
-            if m.strategy in ("allreduce", "fp16") and m.label == m.strategy and m.kernel_cpu_s is not None and m.moved]
-    return float(f"{statistics.median(fits):.3g}") if fits else 0.0
+    """CPU seconds per byte a worker sends or receives. The host kernel's CPU per step is not all
+    the bytes': page faults, the scheduler and timers run all the while, so it is fitted as
+    b x step + c x bytes (all workers, sent and received), least squares over the dense runs
+    (allreduce, fp16: the same compute, twice the bytes or half), and c is the answer (at least 0;
+    0 where fewer than two runs recorded it)."""
+    pts = [(m.step_s, m.workers * m.moved, m.kernel_cpu_s) for m in runs
+           if m.strategy in ("allreduce", "fp16") and m.label == m.strategy and m.kernel_cpu_s is not None
+           and m.moved and m.step_s]
+    if len(pts) < 2:
+        return 0.0
+    stt = sum(t * t for t, _, _ in pts)
+    sbb = sum(b * b for _, b, _ in pts)
+    stb = sum(t * b for t, b, _ in pts)
+    sty = sum(t * y for t, _, y in pts)
+    sby = sum(b * y for _, b, y in pts)
+    det = stt * sbb - stb * stb
+    if det <= 1e-12 * stt * sbb:  # steps and bytes in proportion: the two cannot be told apart
+        return 0.0
+    return float(f"{max(0.0, (stt * sby - stb * sty) / det):.3g}")
 
 
 def fit(runs: list[Measured], w) -> Fitted:
