@@ -4,8 +4,9 @@
    100 Mbit/s and 1 Gbit/s (tc-shaped hosts) and unshaped (loopback), slowdown equal (and 1,1,2,4
    at 4 workers on the shaped links), strategies allreduce, fp16, powersgd, ring-topk, ps-async,
    ps-threshold, and ps-sync and ps-vsgd where the link is not 100 Mbit/s (there 8 pushes of the
-   whole model by every worker take minutes a cell; --more-ps-everywhere runs them). The simulator is calibrated on the 2-worker cells (compute
-   scale, link efficiency, CPU per byte moved) and validated on the 3- and 4-worker cells: per cell
+   whole model by every worker take minutes a cell; --more-ps-everywhere runs them). The simulator
+   is calibrated on the 2-worker cells (compute scale, link efficiency, CPU per byte moved) and
+   validated on the 3- and 4-worker cells: per cell
    the step-time error, and for the parameter servers the mean staleness predicted and measured and
    the distance between the two staleness histograms; the share within 15%, the median error, and
    Kendall's tau of the strategies' order by step time per setting. (The layer strategy is not in
