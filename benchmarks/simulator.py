@@ -98,7 +98,7 @@ def validate(runs: list[Path], w) -> list[str]:
     f = fit(calib, w)
     cpu = fit_cpu(calib, w, f)
     lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core, CPU "
-             f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' on lossy links "
+             f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' per link "
              f"{f.server_efficiency}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"]
     t = Table("cell", "strategy", "measured step s", "predicted", "error", "staleness: measured mean", "predicted",
               "histogram distance", title="validation (not used to calibrate)")

@@ -25,7 +25,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
@@ -65,7 +65,8 @@ class Fitted:
 
     compute_a: float  # measured compute = the profile's x this, per whole core
     efficiency: float = 0.95  # payload per configured link bit
-    server_efficiency: Optional[float] = None  # the servers' links' where they are lossy (None: efficiency)
+    # the servers' links' payload per bit, per link rate ("loopback": unshaped); absent: efficiency
+    server_efficiency: dict = field(default_factory=dict)
     cpu_per_byte: float = 0.0  # CPU seconds per byte a worker moves, on the cores it computes on
 
 
@@ -170,7 +171,7 @@ def cluster_for(m: Measured, f: Fitted):
     drops = lossy(m.net)
     return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
                        compute_scale=f.compute_a, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
-                       fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency if drops else None,
+                       fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency.get(m.net or "loopback"),
                        cpu_per_byte=f.cpu_per_byte)
 
 
@@ -226,13 +227,20 @@ def fit_efficiency(runs: list[Measured], w, f: Fitted) -> float:
     return statistics.median(fits) if fits else 0.95
 
 
-def fit_server_efficiency(runs: list[Measured], w, f: Fitted) -> Optional[float]:
-    """The servers' link efficiency on lossy links (`lossy`): the one value that makes the
-    parameter-server runs there match, median over runs (None: no such run). Where the queue
-    overflows, TCP loses throughput to drops that a ring's steadier flows do not see."""
-    fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, server_efficiency=e)))
-            for m in runs if m.strategy.startswith("ps-") and lossy(m.net) and m.step_s]
-    return round(statistics.median(fits), 4) if fits else None
+def fit_server_efficiency(runs: list[Measured], w, f: Fitted) -> dict[str, float]:
+    """The servers' link efficiency per link rate ("loopback" unshaped): the one value that makes
+    the parameter-server runs on that link match, median over them (absent: no such run). The
+    ring's efficiency, fitted on all-reduces, does not carry over: where tbf's queue overflows TCP
+    loses throughput to drops a ring's steadier flows do not see (`lossy`), on a clean link one
+    long transfer loses less to gloo's chunking than a ring does, and on loopback a push is a copy
+    between processes on one host, not a wire."""
+    out = {}
+    for net in sorted({m.net or "loopback" for m in runs if m.strategy.startswith("ps-")}):
+        fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, server_efficiency={net: e})))
+                for m in runs if m.strategy.startswith("ps-") and (m.net or "loopback") == net and m.step_s]
+        if fits:
+            out[net] = round(statistics.median(fits), 4)
+    return out
 
 
 def fit_cpu(runs: list[Measured], w, f: Fitted) -> dict[str, float]:
@@ -279,7 +287,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
     console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
                   f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
-                  (f", servers' on lossy links {f.server_efficiency:.3f}" if f.server_efficiency else "") +
+                  (f", servers' {f.server_efficiency}" if f.server_efficiency else "") +
                   f"; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:

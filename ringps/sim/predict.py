@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,7 +40,7 @@ class Progress(BaseModel):
     staleness_a: float = Field(0.1, ge=0)
     compute_a: Optional[float] = None  # calibration: measured compute = a x profile per whole core (informational)
     efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
-    server_efficiency: Optional[float] = None  # calibration: the servers' links', where lossy (informational)
+    server_efficiency: Union[dict[str, float], float, None] = None  # calibration: the servers' links', per link (informational)
     cpu_per_byte: Optional[float] = None  # calibration: CPU seconds per byte a worker moved (informational)
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
