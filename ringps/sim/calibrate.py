@@ -12,6 +12,7 @@ links, slowdown, the median compute and step time per step and the steps to the 
   softirq, which no process is charged for.)
 - `efficiency`: payload per configured link bit, the one value that makes the dense runs'
   predicted step times match on shaped links (a 1-D search, median over runs);
+- `server_efficiency`: the same for the parameter-server runs, per link rate (loopback too);
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
   itemises (PowerSGD's products and error feedback): measured less predicted step, median;
 - progress: each strategy's steps to the target against allreduce's in the same setting and seed
