@@ -232,8 +232,8 @@ def fit_server_efficiency(runs: list[Measured], w, f: Fitted) -> dict[str, float
     """The servers' link efficiency per link rate ("loopback" unshaped): the one value that makes
     the parameter-server runs on that link match, median over them (absent: no such run). The
     ring's efficiency, fitted on all-reduces, does not carry over: where tbf's queue overflows TCP
-    loses throughput to drops a ring's steadier flows do not see (`lossy`), on a clean link one
-    long transfer loses less to gloo's chunking than a ring does, and on loopback a push is a copy
+    loses throughput to drops a ring's steadier flows do not see (`lossy`); on a clean link the
+    pushes moved more per bit than the ring (not measured apart); on loopback a push is a copy
     between processes on one host, not a wire."""
     out = {}
     for net in sorted({m.net or "loopback" for m in runs if m.strategy.startswith("ps-")}):
