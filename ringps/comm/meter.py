@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 _TCPI_BYTES = struct.Struct("QQ")
 _TCPI_OFFSET = 120
 _TCPI_LEN = 136
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's unit
 
 
 def host_kernel_cpu() -> Optional[float]:
@@ -30,9 +31,6 @@ def host_kernel_cpu() -> Optional[float]:
         return (int(fields[3]) + int(fields[6]) + int(fields[7])) / _TICKS
     except (OSError, IndexError, ValueError):
         return None
-
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class Bytes(NamedTuple):

@@ -174,9 +174,9 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     slower = max(1.0, c.workers / c.shared_cores) if c.shared_cores else 1.0
     # the step ring-topk's cost model plans with: its own profile's, where the run recorded one;
     # the backward left after a bucket (its overlap) scales with it
-    step = w.compute_s * slower
-    planned = o.plan_compute_s or step
-    seen = planned / step if step else 1.0
+    seen_compute = w.compute_s * slower
+    planned = o.plan_compute_s or seen_compute
+    seen = planned / seen_compute if seen_compute else 1.0
     comm = ([Comm(0.0, 0.0)] * len(plan) if local
             else [bucket_comm(strategy, b, c, o, (bwd - b.ready) * slower * seen, planned / w.params)
                   for b in plan])

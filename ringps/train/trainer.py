@@ -165,12 +165,14 @@ class Trainer:
                     g["lr"] = lr
                 self.where = f"step {self.step + 1}"
                 profiler.before(self.step + 1)
-                before, cpu0, kernel0 = self.tcp.read(), time.process_time(), host_kernel_cpu()
-                stats = self.strategy.step(batch)
                 # the process's CPU (compute, the collectives' threads, its system calls), and the host
-                # kernel's, all processes and softirq together (what moving the bytes costs: sim/calibrate.py)
-                cpu, kernel = time.process_time() - cpu0, host_kernel_cpu()
-                kernel = kernel - kernel0 if kernel is not None and kernel0 is not None else None
+                # kernel's, all processes and softirq together (what moving the bytes costs:
+                # sim/calibrate.py), read by the first worker only: it is the same host-wide count
+                kernel0 = host_kernel_cpu() if ctx.worker == 0 else None
+                before, cpu0 = self.tcp.read(), time.process_time()
+                stats = self.strategy.step(batch)
+                cpu, kernel = time.process_time() - cpu0, host_kernel_cpu() if kernel0 is not None else None
+                kernel = kernel - kernel0 if kernel is not None else None
                 moved = self.tcp.read() - before
                 profiler.after(self.step + 1)
                 tracer.counter("bytes", sent=moved.sent, recv=moved.recv)
