@@ -5,6 +5,8 @@ threshold drops), workload and cluster files validated in one line, the CLI's JS
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 
@@ -321,6 +323,39 @@ def test_shared_link_against_hand_computed_shares():
     assert run_link(1.0, [(0, 1.0)], rate=4.0, cap=0.5) == pytest.approx([2.0])
 
 
+def test_parameter_server_processes_share_the_emulated_cores():
+    """On an emulated cluster's shared cores a push cycle's compute and the server's updates are
+    processor-shared (a fast link, so the transfers take ~0): 4 workers of 1 s compute on 2 cores
+    take 2 s a cycle (1 s with a device each); with 1 s of update per push (4 passes over 1e6
+    values at 2.5e-7 s) and 1 core, 2 workers need 2 x (1 + 1) core-seconds a cycle: 4 s, where
+    a device each overlaps one's compute with the other's update under the lock: 2 s."""
+    from ringps.cost import CostParams
+
+    w, fast = toy(), {"net": "1000gbit", "latency_s": 0.0, "efficiency": 1.0}
+    def cycle(workers, cores, o=Options()):
+        return simulate("ps-async", w, ClusterSpec(workers=workers, shared_cores=cores, **fast), o, Progress(), steps=40).step_s
+
+    assert cycle(4, 2) == pytest.approx(2.0, rel=0.03) and cycle(4, None) == pytest.approx(1.0, rel=0.03)
+    heavy = Options(cpu=CostParams(pass_s=2.5e-7))
+    assert cycle(2, 1, heavy) == pytest.approx(4.0, rel=0.03) and cycle(2, None, heavy) == pytest.approx(2.0, rel=0.03)
+
+
+def test_calibration_fits_a_parameter_server_workers_compute_apart():
+    """A synchronous step's compute carries the collective's CPU beside the backward; a push
+    comes after it: each strategy family predicts with its own compute scale."""
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured, cluster_for, fit
+
+    w = load_workload("facenet")
+    runs = [Measured(Path(f"/r/{s}"), s, 2, 1, None, None, c * w.compute_s, 1.0, None, None, 0, "facenet", {})
+            for s, c in (("allreduce", 3.6), ("fp16", 3.8), ("ps-async", 2.4), ("ps-sync", 2.6))]
+    f = fit(runs, w)
+    assert f.compute_a == pytest.approx(3.7) and f.ps_compute_a == pytest.approx(2.5)
+    assert cluster_for(runs[0], f).compute_scale == pytest.approx(3.7)
+    assert cluster_for(runs[2], f).compute_scale == pytest.approx(2.5)
+
+
 def test_two_workers_sharing_a_server_link_fairly_stay_in_step():
     # compute 1 s, a push and a reply of 1 s alone (4 MB at 4 MB/s). Fair shares: both push at
     # once (2 s), then both replies (2 s): 5 s a cycle, as measured on the emulated cluster at
@@ -388,8 +423,9 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
         (run / "summary.json").write_text(json.dumps({"step_s_median": step, "time_to_accuracy_s": None,
                                                       "host_kernel_cpu_s_per_step": kernel,
                                                       "bytes_sent_per_step": sent, "bytes_recv_per_step": sent}))
-        rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": step * (k // 2 + 1), "compute_s": 0.5}
-                for k in range(12)]
+        # the compute alternates 0.5 x e^(+-0.1) from step to step: a log sd of 0.1 x sqrt(6/5) over steps 2-6
+        rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": step * (k // 2 + 1),
+                 "compute_s": 0.5 * math.exp(0.1 if k // 2 % 2 else -0.1)} for k in range(12)]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
         runs.append(str(run))
     out = tmp_path / "fit.yaml"
@@ -400,3 +436,5 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     assert doc["cpu_per_byte"] == pytest.approx(7.5e-10, rel=1e-2)
     assert 0.05 < doc["efficiency"] <= 1 and doc["compute_a"] > 0
     assert "CPU per byte moved 7.5e-10 s" in r.stdout
+    assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
+    assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on

@@ -5,6 +5,11 @@ links, slowdown, the median compute and step time per step and the steps to the 
 - `compute_scale` = a: the profile's compute x a = the synchronous runs' measured compute per
   whole core (their workers share this machine's cores, which the simulator then models itself:
   sim/cpu.py), one `a` for all runs;
+- `ps_compute_a`: the same for a parameter-server worker, from the parameter-server runs with a
+  core per worker: a synchronous step's compute also carries the collective's CPU running beside
+  the backward (gloo's threads, the kernel's TCP), a push happens after it;
+- `jitter`: the spread of a worker's compute from step to step (the sd of its log), which keeps
+  asynchronous workers from marching in step in the model as they do not in a run;
 - `cpu_per_byte`: the CPU seconds the host spends per byte a worker sends or receives: each step
   records the host kernel's CPU (system, irq, softirq: TCP, veth, the bridge, tbf;
   comm/meter.py), fitted over the dense runs as a per-second part plus a per-byte part. (Each
@@ -58,6 +63,7 @@ class Measured:
     label: str = ""  # the run's name less its repeat (-r0): the strategy, or a variant of it
     kernel_cpu_s: Optional[float] = None  # the host kernel's CPU per step (None: not recorded)
     moved: float = 0.0  # bytes a worker sent and received per step, as TCP counted them
+    jitter: Optional[float] = None  # the spread of the fastest worker's compute, step to step (log sd)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ class Fitted:
     # the servers' links' payload per bit, per link rate ("loopback": unshaped); absent: efficiency
     server_efficiency: dict = field(default_factory=dict)
     cpu_per_byte: float = 0.0  # CPU seconds per byte a worker moves, on the cores it computes on
+    # a parameter-server worker's compute = the profile's x this, per whole core (None: compute_a)
+    ps_compute_a: Optional[float] = None
+    jitter: float = 0.0  # lognormal sigma of a step's compute, step to step (ClusterSpec.jitter)
 
 
 def options_of(cfg: dict, summary: Optional[dict] = None):
@@ -118,7 +127,8 @@ def read_run(run: Path) -> Measured:
                      "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg, s),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
-                    moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0))
+                    moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0),
+                    jitter=statistics.stdev(math.log(c) for c in comp[1:]) if len(comp) > 3 and min(comp[1:]) > 0 else None)
 
 
 def sparse_share(summary: dict) -> Optional[float]:
@@ -135,6 +145,16 @@ def plain(runs: list[Measured]) -> dict[str, list[Measured]]:
     for m in runs:
         out.setdefault(m.strategy, []).append(m)
     return {k: [m for m in v if m.label == k] or v for k, v in out.items()}
+
+
+def fit_ps_compute(runs: list[Measured], profile_s: float) -> Optional[float]:
+    """`a` of a parameter-server worker: its compute against the profile's, from the runs with no
+    more workers than cores (a core each; the server's updates take a fraction of one). It is
+    not the synchronous runs' `a`: there the collective's CPU (gloo's threads, the kernel's TCP)
+    runs beside the backward on the same cores and counts in its time; a parameter-server worker
+    pushes after its backward, so its compute is the model's alone."""
+    ps = [m for m in runs if m.strategy.startswith("ps-") and m.compute_s and not m.slowdown and m.workers <= cores()]
+    return statistics.median(m.compute_s / profile_s for m in ps) if ps else None
 
 
 def fit_compute(runs: list[Measured], profile_s: float) -> float:
@@ -170,8 +190,9 @@ def cluster_for(m: Measured, f: Fitted):
     from ringps.sim.cluster import ClusterSpec
 
     drops = lossy(m.net)
+    a = f.ps_compute_a if m.strategy.startswith("ps-") and f.ps_compute_a else f.compute_a
     return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
-                       compute_scale=f.compute_a, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
+                       compute_scale=a, jitter=f.jitter, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
                        fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency.get(m.net or "loopback"),
                        cpu_per_byte=f.cpu_per_byte)
 
@@ -217,7 +238,9 @@ def fit_cpu_per_byte(runs: list[Measured]) -> float:
 
 def fit(runs: list[Measured], w) -> Fitted:
     """Every machine constant, in the order each depends on the ones before."""
-    f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs))
+    jit = [m.jitter for m in runs if m.jitter is not None and not m.slowdown]
+    f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs),
+               ps_compute_a=fit_ps_compute(runs, w.compute_s), jitter=round(statistics.median(jit), 4) if jit else 0.0)
     f = replace(f, efficiency=fit_efficiency(runs, w, f))
     return replace(f, server_efficiency=fit_server_efficiency(runs, w, f))
 
@@ -289,7 +312,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
                   f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
                   (f", servers' {f.server_efficiency}" if f.server_efficiency else "") +
-                  f"; strategies' own CPU per step {cpu}")
+                  (f"; a parameter-server worker's compute {f.ps_compute_a:.3f} x profile" if f.ps_compute_a else "") +
+                  f"; compute jitter (log sd) {f.jitter:.3f}; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:
         p = predict_step(m, w, f, cpu)
@@ -301,7 +325,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            "workers_ref": runs[0].workers, "dense_steps": statistics.median(dense) if dense else None,
            "factor": factor, "staleness_a": 0.1, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
-           "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte, "cpu_s": cpu}
+           "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
+           "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
         console.print(f"written: {out}")

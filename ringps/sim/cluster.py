@@ -87,6 +87,12 @@ class ClusterSpec(BaseModel):
     def server_bw(self) -> float:
         return parse_rate(self.server_net or self.net) / 8 * (self.server_efficiency or self.efficiency)
 
+    @property
+    def push_bw(self) -> float:
+        """A worker's own link carrying pushes and replies: its rate at the servers' efficiency (the
+        same TCP flows as at the server's end, not the ring's)."""
+        return parse_rate(self.net) / 8 * (self.server_efficiency or self.efficiency)
+
     def slowdowns(self) -> list[float]:
         s = self.slowdown or [1.0]
         return [s[i % len(s)] for i in range(self.workers)]

@@ -11,6 +11,9 @@ in flight longest gets weight 1, every later one `fairness` (1: a fair share, TC
 ideal and a data-centre network's; 0: first come, first served). For ringps's emulated cluster
 `sim/calibrate.py` sets it from the link: 0 where tbf's queue overflows (`lossy`), else 1.
 
+The same object serves as a host's cores shared by the processes computing on them (sim/ps.py):
+rate = cores, cap = 1 (a process runs on one core at a time), amounts in core-seconds, fair.
+
 Each arrival or departure costs O(k) for k transfers in flight.
 """
 
@@ -30,8 +33,9 @@ class Flow:
 
 class SharedLink:
     def __init__(self, env: simpy.Environment, rate: float, cap: float | None = None, latency: float = 0.0,
-                 fairness: float = 1.0):
+                 fairness: float = 1.0, eps: float = EPS):
         self.env, self.rate, self.cap, self.latency, self.fairness = env, rate, cap or rate, latency, fairness
+        self.eps = eps  # what is left of a finished transfer after float rounding, in its units
         self.flows: list[Flow] = []  # in order of arrival: the first is served longest
         self.last = env.now
         self.busy_s = 0.0  # time with at least one transfer in flight (occupancy)
@@ -73,6 +77,6 @@ class SharedLink:
             self.wake = self.env.event()
             yield self.env.timeout(max(0.0, dt)) | self.wake
             self._advance()
-            for f in [f for f in self.flows if f.left <= EPS]:
+            for f in [f for f in self.flows if f.left <= self.eps]:
                 self.flows.remove(f)
                 f.done.succeed()

@@ -1,7 +1,9 @@
 """The parameter server as discrete events (SimPy): workers, each server's link and update lock.
 
-A worker computes (the profile's step x its slowdown x jitter), then pushes its gradient to every
-server at once (shard = model / servers) and waits for the replies. A push crosses the server's
+A worker computes (the profile's step x its slowdown x jitter; on an emulated cluster's shared
+cores its forward and backward are processor-shared with every process computing at that moment,
+the servers' updates included, and a slowdown is Stretch's sleep, as in engine.py), then pushes
+its gradient to every server at once (shard = model / servers) and waits for the replies. A push crosses the server's
 incoming link, which the pushes in flight share (evenly, or first come first served: link.py),
 then takes the server's update lock for the update (a few passes over the shard), then its reply
 crosses the outgoing link, shared the same way. Server 0 counts versions: a push's staleness is
@@ -34,9 +36,9 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     # every push sends an equal shard to every server, so the S servers' links move in lockstep:
     # one link per direction stands for all of them (S times fewer events at 1,024 workers); a
     # transfer moves at most at the worker's own link rate
-    up, down = (SharedLink(env, c.server_bw, cap=c.bw, latency=c.latency_s, fairness=c.fairness) for _ in range(2))
+    up, down = (SharedLink(env, c.server_bw, cap=c.push_bw, latency=c.latency_s, fairness=c.fairness) for _ in range(2))
     lock = simpy.Resource(env, 1)
-    t_link = shard * 4 / min(c.bw, c.server_bw) + c.latency_s  # one transfer alone (SSP's poll)
+    t_link = shard * 4 / min(c.push_bw, c.server_bw) + c.latency_s  # one transfer alone (SSP's poll)
     t_update = UPDATE_PASSES * shard * o.cpu.pass_s
     T = o.staleness_threshold if o.staleness_threshold is not None else (
         2 * (n - 1) if policy == "threshold" else 4)
@@ -47,7 +49,10 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     computes: list[float] = []
     round_done = {"version": 0, "event": env.event(), "arrived": 0}
     slow = c.slowdowns()
-    computing = [0]
+    fwd, bwd = w.compute_s - w.backward_s, w.backward_s
+    # the emulated cluster's cores: rate = cores, a process at most one (link.py), in core-seconds
+    cores = SharedLink(env, float(c.shared_cores), cap=1.0, eps=1e-9) if c.shared_cores else None
+    own_cpu = c.cpu_per_byte * 2 * w.params * 4.0  # a push and its reply: every parameter each way
 
     def push(i: int, seen: int):
         # the shards travel in parallel, each over its server's link, shared with other workers'
@@ -62,13 +67,13 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
                 round_done["arrived"] += 1
                 state["applied"] += 1
                 if round_done["arrived"] == n:
-                    yield env.timeout(t_update)
+                    yield env.process(work(t_update))
                     state["version"] += 1
                     round_done["arrived"] = 0
                     ev, round_done["event"] = round_done["event"], env.event()
                     ev.succeed()
             else:
-                yield env.timeout(t_update)
+                yield env.process(work(t_update))
                 state["version"] += 1
                 state["applied"] += 1
         if policy == "sync" and round_done["arrived"]:
@@ -79,19 +84,32 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
                 yield env.timeout(t_link)
         yield env.process(down.transfer(shard * 4))
 
+    def work(secs: float):
+        """CPU work: on the emulated cluster's shared cores, processor-shared with every other
+        process computing now (the workers and the servers); else on the process's own device."""
+        if cores is not None and secs > 0:
+            yield env.process(cores.transfer(secs))
+        else:
+            yield env.timeout(secs)
+
     def worker(i: int):
+        last = None  # the last compute, Stretch's base
         for _ in range(pushes_per_worker):
             t0 = env.now
             seen = state["version"]
-            compute = w.compute_s * slow[i] * (rng.lognormvariate(0, c.jitter) if c.jitter else 1.0)
-            if c.shared_cores:  # an emulated cluster: the cores are shared by the workers computing now
-                computing[0] += 1
-                compute *= max(1.0, computing[0] / c.shared_cores)
-            computes.append(compute)
-            yield env.timeout(compute)
-            if c.shared_cores:
-                computing[0] -= 1
+            j = rng.lognormvariate(0, c.jitter) if c.jitter else 1.0
+            if cores is None:  # a device of its own: f times slower is f times longer
+                yield env.timeout(w.compute_s * slow[i] * j)
+            else:  # the emulated cluster's Stretch: a sleep of (f-1) x its last compute after the forward
+                yield env.process(work(fwd * j))
+                pause = (slow[i] - 1) * (last if last is not None else 3 * fwd * j)
+                yield env.timeout(pause)
+                yield env.process(work(bwd * j))
+                last = env.now - t0 - pause
+            computes.append(env.now - t0)
             yield env.process(push(i, seen))
+            if own_cpu:  # the bytes moved cost CPU on the cores it computes on
+                yield env.process(work(own_cpu))
             cycles.append(env.now - t0)
         clock[i] = 10 ** 9  # a finished worker no longer holds SSP back
 
