@@ -28,6 +28,7 @@ def test_train_writes_a_complete_run_folder(tmp_path):
     r = ringps("train", *TINY, "--workers", "2", "--epochs", "3", "--out", str(out), "--slowdown", "1,2")
     assert r.returncode == 0, r.stderr
     assert {"config.yaml", "metrics.jsonl", "summary.json", "ranks", "logs"} <= {p.name for p in out.iterdir()}
+    assert not (out / "logs" / "rendezvous.store").exists()  # the file store goes with the ranks
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "step"]
     assert len(steps) == 2 * 3 * 8  # 2 workers x 3 epochs x (256 / (2 x 16)) steps
@@ -105,13 +106,15 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_a_local_run_listens_on_loopback_only(tmp_path):
     """A local job rendezvous through a file store in its run folder (a TCP store listens on every
-    interface) and keeps gloo on loopback: no socket of the job listens beyond 127.0.0.1."""
+    interface) and keeps gloo on loopback: no socket of the job listens beyond 127.0.0.1. The job is
+    long enough to be looked at, then interrupted (the launcher's SIGINT path removes the store too)."""
     import re
 
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "ringps", "train", "--dataset", "synthetic", "--synthetic-samples", "4096",
-                          "--synthetic-shape", "1,8,8", "--model", "mlp", "--epochs", "20", "--workers", "2",
-                          "--no-progress", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          "--synthetic-shape", "1,8,8", "--model", "mlp", "--epochs", "500", "--workers", "2",
+                          "--no-progress", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as an interactive user's
     try:
         pids: set[int] = set()
         deadline = time.monotonic() + 90
@@ -127,6 +130,7 @@ def test_a_local_run_listens_on_loopback_only(tmp_path):
             local = line.split()[3]
             assert re.match(r"^(127\.0\.0\.1|\[::1\]):\d+$", local), line
     finally:
-        p.wait(timeout=240)
-    assert p.returncode == 0, p.stderr
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
     assert not (out / "logs" / "rendezvous.store").exists()

@@ -389,17 +389,21 @@ def test_a_runs_own_cost_model_inputs_are_what_its_prediction_plans_with():
 
 
 def test_link_sharing_flags_reach_the_cluster_and_bad_values_get_one_line():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ringps", "simulate", "--profile", "facenet", "--workers", "2",
-                                     "--net", "100mbit", "--strategy", "ps-async", "--json", *a],
-                                    capture_output=True, text=True, timeout=120)
-    even, turns, slow_link = run(), run("--fairness", "0"), run("--server-efficiency", "0.5")
-    assert {even.returncode, turns.returncode, slow_link.returncode} == {0}, even.stderr + turns.stderr + slow_link.stderr
-    step = lambda r: json.loads(r.stdout.strip().splitlines()[-1])["step_s"]
+    def start(*a):  # the four commands side by side: each is mostly torch's imports
+        return subprocess.Popen([sys.executable, "-m", "ringps", "simulate", "--profile", "facenet", "--workers", "2",
+                                 "--net", "100mbit", "--strategy", "ps-async", "--json", *a],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start(), start("--fairness", "0"), start("--server-efficiency", "0.5"), start("--fairness", "2")]
+    for p in procs:
+        p.stdout_text, p.stderr_text = p.communicate(timeout=180)
+    even, turns, slow_link, bad = procs
+    assert {even.returncode, turns.returncode, slow_link.returncode} == {0}, even.stderr_text + turns.stderr_text
+    step = lambda r: json.loads(r.stdout_text.strip().splitlines()[-1])["step_s"]
     # two equal workers: taking turns pipelines one's push with the other's reply (faster); a
     # server link at half the payload rate makes every transfer take twice as long (slower)
     assert step(turns) < 0.8 * step(even) < step(even) < 0.8 * step(slow_link)
-    bad = run("--fairness", "2")
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--fairness" in bad.stderr
+    assert bad.returncode == 2 and len(bad.stderr_text.strip().splitlines()) == 1 and "--fairness" in bad.stderr_text
 
 
 def test_calibrate_cli_writes_every_machine_constant(tmp_path):
