@@ -442,3 +442,6 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     assert "CPU per byte moved 7.5e-10 s" in r.stdout
     assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
     assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
+    from ringps.sim.predict import load_progress
+
+    assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back

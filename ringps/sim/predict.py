@@ -42,6 +42,8 @@ class Progress(BaseModel):
     efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
     server_efficiency: Union[dict[str, float], float, None] = None  # calibration: the servers' links', per link (informational)
     cpu_per_byte: Optional[float] = None  # calibration: CPU seconds per byte a worker moved (informational)
+    ps_compute_a: Optional[float] = None  # calibration: a parameter-server worker's compute_a (informational)
+    jitter: Optional[float] = None  # calibration: the compute's step-to-step log sd (informational)
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
     cpu_s: dict[str, float] = {}
