@@ -5,7 +5,7 @@
    at 4 workers on the shaped links), strategies allreduce, fp16, powersgd, ring-topk, ps-async,
    ps-threshold, and ps-sync and ps-vsgd where the link is not 100 Mbit/s (there 8 pushes of the
    whole model by every worker take minutes a cell; --more-ps-everywhere runs them). The simulator
-   is calibrated on the 2-worker cells (compute scale, link efficiency, CPU per byte moved) and
+   is calibrated on the 2-worker cells (compute scales, jitter, link efficiency, CPU per byte moved) and
    validated on the 3- and 4-worker cells: per cell
    the step-time error, and for the parameter servers the mean staleness predicted and measured and
    the distance between the two staleness histograms; the share within 15%, the median error, and
@@ -97,7 +97,8 @@ def validate(runs: list[Path], w) -> list[str]:
     test = [m for m in measured if m.workers != 2]
     f = fit(calib, w)
     cpu = fit_cpu(calib, w, f)
-    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core, CPU "
+    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core "
+             f"(a parameter-server worker's {f.ps_compute_a or f.compute_a:.3f}), jitter {f.jitter:.3f}, CPU "
              f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' per link "
              f"{f.server_efficiency}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"]
     t = Table("cell", "strategy", "measured step s", "predicted", "error", "staleness: measured mean", "predicted",
