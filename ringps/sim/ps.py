@@ -67,13 +67,13 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
                 round_done["arrived"] += 1
                 state["applied"] += 1
                 if round_done["arrived"] == n:
-                    yield env.process(work(t_update))
+                    yield work(t_update)
                     state["version"] += 1
                     round_done["arrived"] = 0
                     ev, round_done["event"] = round_done["event"], env.event()
                     ev.succeed()
             else:
-                yield env.process(work(t_update))
+                yield work(t_update)
                 state["version"] += 1
                 state["applied"] += 1
         if policy == "sync" and round_done["arrived"]:
@@ -84,13 +84,11 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
                 yield env.timeout(t_link)
         yield env.process(down.transfer(shard * 4))
 
-    def work(secs: float):
+    def work(secs: float) -> simpy.Event:
         """CPU work: on the emulated cluster's shared cores, processor-shared with every other
-        process computing now (the workers and the servers); else on the process's own device."""
-        if cores is not None and secs > 0:
-            yield env.process(cores.transfer(secs))
-        else:
-            yield env.timeout(secs)
+        process computing now (the workers and the servers); else on the process's own device
+        (a plain timeout: no process per event at 1,024 workers)."""
+        return env.process(cores.transfer(secs)) if cores is not None and secs > 0 else env.timeout(secs)
 
     def worker(i: int):
         last = None  # the last compute, Stretch's base
@@ -101,15 +99,15 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
             if cores is None:  # a device of its own: f times slower is f times longer
                 yield env.timeout(w.compute_s * slow[i] * j)
             else:  # the emulated cluster's Stretch: a sleep of (f-1) x its last compute after the forward
-                yield env.process(work(fwd * j))
+                yield work(fwd * j)
                 pause = (slow[i] - 1) * (last if last is not None else 3 * fwd * j)
                 yield env.timeout(pause)
-                yield env.process(work(bwd * j))
+                yield work(bwd * j)
                 last = env.now - t0 - pause
             computes.append(env.now - t0)
             yield env.process(push(i, seen))
             if own_cpu:  # the bytes moved cost CPU on the cores it computes on
-                yield env.process(work(own_cpu))
+                yield work(own_cpu)
             cycles.append(env.now - t0)
         clock[i] = 10 ** 9  # a finished worker no longer holds SSP back
 
