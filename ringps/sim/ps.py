@@ -3,10 +3,11 @@
 A worker computes (the profile's step x its slowdown x jitter; on an emulated cluster's shared
 cores its forward and backward are processor-shared with every process computing at that moment,
 the servers' updates included, and a slowdown is Stretch's sleep, as in engine.py), then pushes
-its gradient to every server at once (shard = model / servers) and waits for the replies. A push crosses the server's
-incoming link, which the pushes in flight share (evenly, or first come first served: link.py),
-then takes the server's update lock for the update (a few passes over the shard), then its reply
-crosses the outgoing link, shared the same way. Server 0 counts versions: a push's staleness is
+its gradient to every server at once (shard = model / servers) and waits for the replies. A push
+crosses the server's incoming link, which the pushes in flight share (evenly, or first come first
+served: link.py), then takes the server's update lock for the update (a few passes over the
+shard), then its reply crosses the outgoing link, shared the same way; the bytes' CPU
+(`cpu_per_byte`) follows on the worker's cores. Server 0 counts versions: a push's staleness is
 the versions applied since the worker's values; threshold drops it when over T (no version bump,
 a reply all the same), SSP holds the reply while the worker is more than T pushes ahead of the
 slowest, BSP waits for every worker's push of the version.
