@@ -16,7 +16,7 @@ from ringps.errors import ConfigError
 from ringps.sim.cluster import ClusterSpec, load_cluster
 from ringps.sim.collectives import allreduce_s, ring_allreduce_s
 from ringps.sim.engine import Options, buckets
-from ringps.sim.predict import Progress, simulate
+from ringps.sim.predict import Progress, load_progress, simulate
 from ringps.sim.workload import Workload, load_workload
 
 
@@ -395,15 +395,13 @@ def test_link_sharing_flags_reach_the_cluster_and_bad_values_get_one_line():
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     procs = [start(), start("--fairness", "0"), start("--server-efficiency", "0.5"), start("--fairness", "2")]
-    for p in procs:
-        p.stdout_text, p.stderr_text = p.communicate(timeout=180)
-    even, turns, slow_link, bad = procs
-    assert {even.returncode, turns.returncode, slow_link.returncode} == {0}, even.stderr_text + turns.stderr_text
-    step = lambda r: json.loads(r.stdout_text.strip().splitlines()[-1])["step_s"]
+    (even, turns, slow_link, bad) = [(p, *p.communicate(timeout=180)) for p in procs]  # (process, stdout, stderr)
+    assert {even[0].returncode, turns[0].returncode, slow_link[0].returncode} == {0}, even[2] + turns[2] + slow_link[2]
+    step = lambda r: json.loads(r[1].strip().splitlines()[-1])["step_s"]
     # two equal workers: taking turns pipelines one's push with the other's reply (faster); a
     # server link at half the payload rate makes every transfer take twice as long (slower)
     assert step(turns) < 0.8 * step(even) < step(even) < 0.8 * step(slow_link)
-    assert bad.returncode == 2 and len(bad.stderr_text.strip().splitlines()) == 1 and "--fairness" in bad.stderr_text
+    assert bad[0].returncode == 2 and len(bad[2].strip().splitlines()) == 1 and "--fairness" in bad[2]
 
 
 def test_calibrate_cli_writes_every_machine_constant(tmp_path):
@@ -442,6 +440,4 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     assert "CPU per byte moved 7.5e-10 s" in r.stdout
     assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
     assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
-    from ringps.sim.predict import load_progress
-
     assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back

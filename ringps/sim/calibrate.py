@@ -65,6 +65,11 @@ class Measured:
     moved: float = 0.0  # bytes a worker sent and received per step, as TCP counted them
     jitter: Optional[float] = None  # the spread of the fastest worker's compute, step to step (log sd)
 
+    @property
+    def link(self) -> str:
+        """The link rate it ran behind, "loopback" where unshaped (the servers' efficiency's key)."""
+        return self.net or "loopback"
+
 
 @dataclass(frozen=True)
 class Fitted:
@@ -193,7 +198,7 @@ def cluster_for(m: Measured, f: Fitted):
     a = f.ps_compute_a if m.strategy.startswith("ps-") and f.ps_compute_a else f.compute_a
     return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
                        compute_scale=a, jitter=f.jitter, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
-                       fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency.get(m.net or "loopback"),
+                       fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency.get(m.link),
                        cpu_per_byte=f.cpu_per_byte)
 
 
@@ -259,9 +264,9 @@ def fit_server_efficiency(runs: list[Measured], w, f: Fitted) -> dict[str, float
     pushes moved more per bit than the ring (not measured apart); on loopback a push is a copy
     between processes on one host, not a wire."""
     out = {}
-    for net in sorted({m.net or "loopback" for m in runs if m.strategy.startswith("ps-")}):
+    for net in sorted({m.link for m in runs if m.strategy.startswith("ps-")}):
         fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, server_efficiency={net: e})))
-                for m in runs if m.strategy.startswith("ps-") and (m.net or "loopback") == net and m.step_s]
+                for m in runs if m.strategy.startswith("ps-") and m.link == net and m.step_s]
         if fits:
             out[net] = round(statistics.median(fits), 4)
     return out

@@ -171,8 +171,9 @@ class Trainer:
                 kernel0 = host_kernel_cpu() if ctx.worker == 0 else None
                 before, cpu0 = self.tcp.read(), time.process_time()
                 stats = self.strategy.step(batch)
-                cpu, kernel = time.process_time() - cpu0, host_kernel_cpu() if kernel0 is not None else None
-                kernel = kernel - kernel0 if kernel is not None else None
+                cpu = time.process_time() - cpu0
+                kernel1 = host_kernel_cpu() if kernel0 is not None else None
+                kernel = kernel1 - kernel0 if kernel1 is not None else None
                 moved = self.tcp.read() - before
                 profiler.after(self.step + 1)
                 tracer.counter("bytes", sent=moved.sent, recv=moved.recv)
