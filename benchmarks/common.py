@@ -49,41 +49,45 @@ def guarded(main: Callable[[], None]) -> None:
 
 
 def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[str, dict[str, Any]],
-               repeats: int, common: dict[str, Any], out: Optional[Path] = None, first_seed: int = 0) -> tuple[Path, dict]:
+               repeats: int, common: dict[str, Any], out: Optional[Path] = None, first_seed: int = 0,
+               repeat_major: bool = False) -> tuple[Path, dict]:
     """settings: label -> options (e.g. {"net": "100mbit"}); contenders: label -> options.
-    Repeat i runs with seed first_seed + i (folder suffix r<seed>).
+    Repeat i runs with seed first_seed + i (folder suffix r<seed>). By default a setting's repeats
+    run together; `repeat_major` runs every setting once before any twice, so the repeats of one
+    cell lie far apart in time (a slow spell of this shared machine then spoils one, not all).
     Returns the output folder and {setting: {contender: [summary per repeat]}}.
 
     Given an existing `out` (--out DIR of the scripts), runs whose summary.json is already there
     are read back, not rerun: an interrupted benchmark resumes where it stopped."""
     out = out or Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, list[dict]]] = {}
     total = len(settings) * len(contenders) * repeats
     done = 0
-    for slabel, sopts in settings.items():
-        results[slabel] = {c: [] for c in contenders}
-        for rep in range(first_seed, first_seed + repeats):
-            for clabel, copts in contenders.items():
-                done += 1
-                opts = {**common, **sopts, **copts, "seed": rep, "progress": False,
-                        "out": str(out / slabel / f"{clabel}-r{rep}"), "name": f"{clabel}-r{rep}"}
-                console.print(f"[{done}/{total}] {slabel} / {clabel} / repeat {rep}", style="bold")
-                t0 = time.time()
-                previous = Path(opts["out"]) / "summary.json"
-                if previous.exists():
-                    s = refresh_summary(Path(opts["out"]))  # recomputed with today's definitions
-                    s.setdefault("run_dir", opts["out"])
-                    console.print("    (read back from an earlier run of this benchmark)")
-                else:
-                    # a folder without summary.json is a run that was interrupted: start it over
-                    shutil.rmtree(opts["out"], ignore_errors=True)
-                    s = run_job(load_config(None, opts), Console(stderr=True, quiet=True))
-                s["label"] = clabel
-                results[slabel][clabel].append(s)
-                console.print(f"    wall {s['wall_s']:.0f}s, time-to-acc {s['time_to_accuracy_s']}, "
-                              f"final {s['final_accuracy']}, job {time.time() - t0:.0f}s")
-                (out / "results.json").write_text(json.dumps(strip(results), indent=1))
+    reps = range(first_seed, first_seed + repeats)
+    order = ([(s, r) for r in reps for s in settings] if repeat_major else [(s, r) for s in settings for r in reps])
+    results = {s: {c: [] for c in contenders} for s in settings}
+    for slabel, rep in order:
+        sopts = settings[slabel]
+        for clabel, copts in contenders.items():
+            done += 1
+            opts = {**common, **sopts, **copts, "seed": rep, "progress": False,
+                    "out": str(out / slabel / f"{clabel}-r{rep}"), "name": f"{clabel}-r{rep}"}
+            console.print(f"[{done}/{total}] {slabel} / {clabel} / repeat {rep}", style="bold")
+            t0 = time.time()
+            previous = Path(opts["out"]) / "summary.json"
+            if previous.exists():
+                s = refresh_summary(Path(opts["out"]))  # recomputed with today's definitions
+                s.setdefault("run_dir", opts["out"])
+                console.print("    (read back from an earlier run of this benchmark)")
+            else:
+                # a folder without summary.json is a run that was interrupted: start it over
+                shutil.rmtree(opts["out"], ignore_errors=True)
+                s = run_job(load_config(None, opts), Console(stderr=True, quiet=True))
+            s["label"] = clabel
+            results[slabel][clabel].append(s)
+            console.print(f"    wall {s['wall_s']:.0f}s, time-to-acc {s['time_to_accuracy_s']}, "
+                          f"final {s['final_accuracy']}, job {time.time() - t0:.0f}s")
+            (out / "results.json").write_text(json.dumps(strip(results), indent=1))
     return out, results
 
 

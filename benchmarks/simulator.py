@@ -6,7 +6,9 @@
    ps-threshold, and ps-sync and ps-vsgd where the link is not 100 Mbit/s (there 8 pushes of the
    whole model by every worker take minutes a cell; --more-ps-everywhere runs them). The simulator
    is calibrated on the 2-worker cells (compute scales, jitter, link efficiency, CPU per byte moved) and
-   validated on the 3- and 4-worker cells: per cell
+   validated on the 3- and 4-worker cells. Each cell is measured --repeats times (seeds 0, 1, ...;
+   every cell once before any twice) and counts by its fastest repeat, the least disturbed by the
+   machine's other tenants; the repeats' own spread is the noise floor no model can beat. Per cell
    the step-time error, and for the parameter servers the mean staleness predicted and measured and
    the distance between the two staleness histograms; the share within 15%, the median error, and
    Kendall's tau of the strategies' order by step time per setting. (The layer strategy is not in
@@ -15,7 +17,7 @@
    the facenet and ResNet-50 (K80) profiles, as a table and scaling.png.
 3. Published results: predicted against published scaling efficiency, side by side.
 
-    .venv/bin/python benchmarks/simulator.py --out runs/bench-sim          # grid + all
+    .venv/bin/python benchmarks/simulator.py --steps 8 --repeats 2 --out runs/bench-sim   # grid + all
     .venv/bin/python benchmarks/simulator.py --skip-grid --out runs/bench-sim
 """
 
@@ -78,9 +80,12 @@ def grid(args) -> list[Path]:
     # first steps, ring-topk's density ramp), and a short run would be mostly warm-up
     common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000,
               "powersgd_start_iter": 2, "density_warmup_epochs": 0}
-    _, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, 1, common, args.out)
+    # every cell once before any twice: the repeats of a cell lie far apart in time
+    _, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, args.repeats, common,
+                            args.out, repeat_major=True)
     more = {k: v for k, v in settings.items() if args.more_ps_everywhere or v.get("net") != "100mbit"}
-    _, extra = run_matrix("sim-grid", more, {s: {"strategy": s} for s in MORE_PS}, 1, common, args.out / "more-ps")
+    _, extra = run_matrix("sim-grid", more, {s: {"strategy": s} for s in MORE_PS}, args.repeats, common,
+                          args.out / "more-ps", repeat_major=True)
     return [Path(r["run_dir"]) for res in (results, extra) for runs in res.values() for rs in runs.values() for r in rs]
 
 
@@ -91,16 +96,30 @@ def staleness(hist: dict) -> tuple[float, dict[int, float]]:
     return sum(k * p for k, p in dist.items()), dist
 
 
-def validate(runs: list[Path], w) -> list[str]:
-    measured = [read_run(r) for r in runs]
-    calib = [m for m in measured if m.workers == 2]
-    test = [m for m in measured if m.workers != 2]
+def cells(runs: list[Path]) -> dict[tuple[str, str], list]:
+    """The runs grouped by cell (setting, strategy): one Measured per repeat."""
+    out: dict[tuple[str, str], list] = {}
+    for r in runs:
+        m = read_run(r)
+        out.setdefault((m.run.parent.name, m.label or m.strategy), []).append(m)
+    return out
+
+
+def noise_floor(by_cell: dict) -> list[str]:
+    """How far two measurements of one cell lie apart: the bound on any model's agreement."""
+    spreads = [max(m.step_s for m in ms) / min(m.step_s for m in ms) - 1 for ms in by_cell.values() if len(ms) > 1]
+    if not spreads:
+        return []
+    return [f"noise floor: the repeats of {len(spreads)} cells lie within 15% of each other (slowest against "
+            f"fastest) in {sum(x <= 0.15 for x in spreads) / len(spreads):.0%}, median {statistics.median(spreads):.1%}, "
+            f"largest {max(spreads):.0%}"]
+
+
+def score(calib: list, test: list, w, show: bool) -> tuple[list[float], dict, list[float], object, dict]:
+    """Calibrate on `calib`, predict `test`: (|errors|, {setting: [(measured, predicted)]}, staleness
+    histogram distances, the fit, strategies' CPU); with `show` a table per cell."""
     f = fit(calib, w)
     cpu = fit_cpu(calib, w, f)
-    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core "
-             f"(a parameter-server worker's {f.ps_compute_a or f.compute_a:.3f}), jitter {f.jitter:.3f}, CPU "
-             f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' per link "
-             f"{f.server_efficiency}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"]
     t = Table("cell", "strategy", "measured step s", "predicted", "error", "staleness: measured mean", "predicted",
               "histogram distance", title="validation (not used to calibrate)")
     errs, by_setting, tv = [], {}, []
@@ -117,23 +136,47 @@ def validate(runs: list[Path], w) -> list[str]:
             tv.append(d)
             stale = [f"{mm:.2f}", f"{pm:.2f}", f"{d:.2f}"]
         t.add_row(key, m.strategy, f"{m.step_s:.3f}", f"{p.step_s:.3f}", f"{err:+.0%}", *stale)
-    console.print(t)
-    within = sum(e <= 0.15 for e in errs) / len(errs)
-    lines.append(f"step time within 15% in {within:.0%} of {len(errs)} cells (bar 90%); median error "
-                 f"{statistics.median(errs):.1%} (bar 10%)")
+    if show:
+        console.print(t)
+    return errs, by_setting, tv, f, cpu
+
+
+def agreement(errs: list[float]) -> str:
+    return (f"within 15% in {sum(e <= 0.15 for e in errs) / len(errs):.0%} of {len(errs)} cells (bar 90%); "
+            f"median error {statistics.median(errs):.1%} (bar 10%)")
+
+
+def validate(runs: list[Path], w) -> list[str]:
+    """Calibrate on the 2-worker cells, validate on the others. A cell measured more than once
+    counts by its fastest repeat: other tenants of this shared machine only ever slow a run down,
+    so the fastest is the least disturbed (timeit's reasoning for its minimum); every run on its
+    own and the repeats' own spread are reported beside it."""
+    by_cell = cells(runs)
+    fastest = [min(ms, key=lambda m: m.step_s) for ms in by_cell.values()]
+    calib = [m for m in fastest if m.workers == 2]
+    test = [m for m in fastest if m.workers != 2]
+    errs, by_setting, tv, f, cpu = score(calib, test, w, show=True)
+    repeats = max(len(ms) for ms in by_cell.values())
+    lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core "
+             f"(a parameter-server worker's {f.ps_compute_a or f.compute_a:.3f}), jitter {f.jitter:.3f}, CPU "
+             f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' per link "
+             f"{f.server_efficiency}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"
+             f" ({repeats} repeat(s) a cell, each counted by its fastest)",
+             f"step time {agreement(errs)}"]
+    lines += noise_floor(by_cell)
     if tv:
         lines.append(f"staleness histograms of {len(tv)} parameter-server cells: total variation distance, predicted "
                      f"against measured, median {statistics.median(tv):.2f} (0: the same distribution, 1: disjoint)")
     for key, pairs in sorted(by_setting.items()):
         tau = kendall([x for x, _ in pairs], [y for _, y in pairs])
         lines.append(f"{key}: Kendall tau of the strategies' order by step time {tau:.2f} (bar 0.8)")
+    if repeats > 1:  # every run on its own, calibrated on every 2-worker run: what one repeat would give
+        every = [m for ms in by_cell.values() for m in ms]
+        each = score([m for m in every if m.workers == 2], [m for m in every if m.workers != 2], w, show=False)[0]
+        lines.append(f"every run on its own (not the fastest repeat): {agreement(each)}")
     # the same cells without the CPU per byte (the model before it), recalibrated so
-    lesion = fit([replace(m, kernel_cpu_s=None) for m in calib], w)
-    lesion_cpu = fit_cpu(calib, w, lesion)
-    errs0 = [abs(simulate(m.strategy, w, cluster_for(m, lesion), m.options or Options(), Progress(cpu_s=lesion_cpu),
-                          steps=20).step_s - m.step_s) / m.step_s for m in test]
-    lines.append(f"without the CPU per byte moved (recalibrated): within 15% in {sum(e <= 0.15 for e in errs0) / len(errs0):.0%}, "
-                 f"median error {statistics.median(errs0):.1%}")
+    errs0 = score([replace(m, kernel_cpu_s=None) for m in calib], test, w, show=False)[0]
+    lines.append(f"without the CPU per byte moved (recalibrated): {agreement(errs0)}")
     return lines
 
 
@@ -250,6 +293,7 @@ def published() -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=12, help="steps per grid run")
+    p.add_argument("--repeats", type=int, default=2, help="measurements of each grid cell (seeds 0, 1, ...)")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
