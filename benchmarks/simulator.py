@@ -8,7 +8,9 @@
    is calibrated on the 2-worker cells (compute scales, jitter, link efficiency, CPU per byte moved) and
    validated on the 3- and 4-worker cells. Each cell is measured --repeats times (seeds 0, 1, ...;
    every cell once before any twice) and counts by its fastest repeat, the least disturbed by the
-   machine's other tenants; the repeats' own spread is the noise floor no model can beat. Per cell
+   machine's other tenants; the repeats' own spread is the noise floor no model can beat. A 2-worker
+   loopback allreduce before each setting's contenders (`reference-rN`) tracks the machine's speed:
+   the validation is also reported with each run's compute scaled by its nearest reference. Per cell
    the step-time error, and for the parameter servers the mean staleness predicted and measured and
    the distance between the two staleness histograms; the share within 15%, the median error, and
    Kendall's tau of the strategies' order by step time per setting. (The layer strategy is not in
@@ -44,6 +46,10 @@ from ringps.sim.workload import load_workload
 
 STRATEGIES = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-async", "ps-threshold"]
 MORE_PS = ["ps-sync", "ps-vsgd"]
+# run before each setting's contenders: a 2-worker loopback allreduce, whose compute per step
+# tracks this shared machine's speed through the grid (its other tenants come and go)
+REFERENCE = {"reference": {"strategy": "allreduce", "workers": 2, "net": None, "slowdown": None}}
+NEAR_S = 900  # a reference speaks for the runs within this many seconds of it
 PUBLISHED = [  # (label, profile, cluster, strategy, published efficiency, source)
     ("ResNet-101, 512 P100 (128 x 4), 25 Gbit/s RoCE", "resnet101-p100",
      {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.90,
@@ -81,12 +87,14 @@ def grid(args) -> list[Path]:
     common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000,
               "powersgd_start_iter": 2, "density_warmup_epochs": 0}
     # every cell once before any twice: the repeats of a cell lie far apart in time
-    _, results = run_matrix("sim-grid", settings, {s: {"strategy": s} for s in STRATEGIES}, args.repeats, common,
-                            args.out, repeat_major=True)
+    first = args.first_repeat
+    run_matrix("sim-grid", settings, REFERENCE | {s: {"strategy": s} for s in STRATEGIES}, args.repeats - first, common,
+               args.out, first_seed=first, repeat_major=True)
     more = {k: v for k, v in settings.items() if args.more_ps_everywhere or v.get("net") != "100mbit"}
-    _, extra = run_matrix("sim-grid", more, {s: {"strategy": s} for s in MORE_PS}, args.repeats, common,
-                          args.out / "more-ps", repeat_major=True)
-    return [Path(r["run_dir"]) for res in (results, extra) for runs in res.values() for rs in runs.values() for r in rs]
+    run_matrix("sim-grid", more, REFERENCE | {s: {"strategy": s} for s in MORE_PS}, args.repeats - first, common,
+               args.out / "more-ps", first_seed=first, repeat_major=True)
+    # every repeat in the folder counts, those before --first-repeat too
+    return sorted(r.parent for d in (args.out, args.out / "more-ps") for r in d.glob("w*/*-r*/summary.json"))
 
 
 def staleness(hist: dict) -> tuple[float, dict[int, float]]:
@@ -97,12 +105,53 @@ def staleness(hist: dict) -> tuple[float, dict[int, float]]:
 
 
 def cells(runs: list[Path]) -> dict[tuple[str, str], list]:
-    """The runs grouped by cell (setting, strategy): one Measured per repeat."""
+    """The runs grouped by cell (setting, strategy): one Measured per repeat; the speed references
+    are not cells."""
     out: dict[tuple[str, str], list] = {}
     for r in runs:
         m = read_run(r)
-        out.setdefault((m.run.parent.name, m.label or m.strategy), []).append(m)
+        if m.label != "reference":
+            out.setdefault((m.run.parent.name, m.label or m.strategy), []).append(m)
     return out
+
+
+def started(run: Path) -> float:
+    """When a run started (the wall clock of its first row)."""
+    with open(run / "metrics.jsonl") as f:
+        return json.loads(f.readline())["wall"]
+
+
+def tracked(runs: list[Path], w) -> list[str]:
+    """The validation with the machine's speed tracked: each run's compute scaled by its nearest
+    speed reference's compute against the calibration runs' references (runs with no reference
+    within NEAR_S are left out). Calibrated on the 2-worker runs, validated on the others, run by run."""
+    refs = sorted((started(r), read_run(r).compute_s) for r in runs if r.name.startswith("reference-"))
+    if not refs:
+        return []
+    speed = {}
+    for r in runs:
+        if not r.name.startswith("reference-"):
+            t = started(r)
+            near = min(refs, key=lambda x: abs(x[0] - t))
+            if abs(near[0] - t) <= NEAR_S:
+                speed[r] = near[1]
+    measured = [read_run(r) for r in speed]
+    calib = [m for m in measured if m.workers == 2]
+    test = [m for m in measured if m.workers != 2]
+    if not calib or not test:
+        return []
+    base = statistics.median(speed[m.run] for m in calib)
+    f = fit(calib, w)
+    cpu = fit_cpu(calib, w, f)
+    errs = []
+    for m in test:
+        c = cluster_for(m, f)
+        c = c.model_copy(update={"compute_scale": c.compute_scale * speed[m.run] / base})
+        p = simulate(m.strategy, w, c, m.options or Options(), Progress(cpu_s=cpu), steps=20)
+        errs.append(abs(p.step_s - m.step_s) / m.step_s)
+    ratios = [speed[m.run] / base for m in test]
+    return [f"with the machine's speed tracked by {len(refs)} reference runs (their compute {min(ratios):.2f}-"
+            f"{max(ratios):.2f}x the calibration runs'), run by run: {agreement(errs)}"]
 
 
 def noise_floor(by_cell: dict) -> list[str]:
@@ -192,6 +241,7 @@ def validate(runs: list[Path], w) -> list[str]:
         every = [m for ms in by_cell.values() for m in ms]
         each = score([m for m in every if m.workers == 2], [m for m in every if m.workers != 2], w, show=False)[0]
         lines.append(f"every run on its own (not the fastest repeat): {agreement(each)}")
+    lines += tracked([m.run for ms in by_cell.values() for m in ms] + [r for r in runs if r.name.startswith("reference-")], w)
     # the same cells without the CPU per byte (the model before it), recalibrated so
     errs0 = score([replace(m, kernel_cpu_s=None) for m in calib], test, w, show=False)[0]
     lines.append(f"without the CPU per byte moved (recalibrated): {agreement(errs0)}")
@@ -312,6 +362,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=12, help="steps per grid run")
     p.add_argument("--repeats", type=int, default=2, help="measurements of each grid cell (seeds 0, 1, ...)")
+    p.add_argument("--first-repeat", type=int, default=0,
+                   help="run the repeats from this one on (the earlier ones in --out are read, not completed)")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
