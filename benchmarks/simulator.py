@@ -104,15 +104,17 @@ def staleness(hist: dict) -> tuple[float, dict[int, float]]:
     return sum(k * p for k, p in dist.items()), dist
 
 
-def cells(runs: list[Path]) -> dict[tuple[str, str], list]:
-    """The runs grouped by cell (setting, strategy): one Measured per repeat; the speed references
-    are not cells."""
+def cells(measured: list) -> dict[tuple[str, str], list]:
+    """The runs grouped by cell (setting, strategy): one Measured per repeat."""
     out: dict[tuple[str, str], list] = {}
-    for r in runs:
-        m = read_run(r)
-        if m.label != "reference":
-            out.setdefault((m.run.parent.name, m.label or m.strategy), []).append(m)
+    for m in measured:
+        out.setdefault((m.run.parent.name, m.label or m.strategy), []).append(m)
     return out
+
+
+def split(measured: list) -> tuple[list, list]:
+    """(calibration, validation): the 2-worker runs and the others."""
+    return [m for m in measured if m.workers == 2], [m for m in measured if m.workers != 2]
 
 
 def started(run: Path) -> float:
@@ -121,23 +123,20 @@ def started(run: Path) -> float:
         return json.loads(f.readline())["wall"]
 
 
-def tracked(runs: list[Path], w) -> list[str]:
+def tracked(measured: list, references: list, w) -> list[str]:
     """The validation with the machine's speed tracked: each run's compute scaled by its nearest
     speed reference's compute against the calibration runs' references (runs with no reference
     within NEAR_S are left out). Calibrated on the 2-worker runs, validated on the others, run by run."""
-    refs = sorted((started(r), read_run(r).compute_s) for r in runs if r.name.startswith("reference-"))
+    refs = [(started(r.run), r.compute_s) for r in references]
     if not refs:
         return []
     speed = {}
-    for r in runs:
-        if not r.name.startswith("reference-"):
-            t = started(r)
-            near = min(refs, key=lambda x: abs(x[0] - t))
-            if abs(near[0] - t) <= NEAR_S:
-                speed[r] = near[1]
-    measured = [read_run(r) for r in speed]
-    calib = [m for m in measured if m.workers == 2]
-    test = [m for m in measured if m.workers != 2]
+    for m in measured:
+        t = started(m.run)
+        near = min(refs, key=lambda x: abs(x[0] - t))
+        if abs(near[0] - t) <= NEAR_S:
+            speed[m.run] = near[1]
+    calib, test = split([m for m in measured if m.run in speed])
     if not calib or not test:
         return []
     base = statistics.median(speed[m.run] for m in calib)
@@ -216,10 +215,11 @@ def validate(runs: list[Path], w) -> list[str]:
     counts by its fastest repeat: other tenants of this shared machine only ever slow a run down,
     so the fastest is the least disturbed (timeit's reasoning for its minimum); every run on its
     own and the repeats' own spread are reported beside it."""
-    by_cell = cells(runs)
-    fastest = [min(ms, key=lambda m: m.step_s) for ms in by_cell.values()]
-    calib = [m for m in fastest if m.workers == 2]
-    test = [m for m in fastest if m.workers != 2]
+    measured = [read_run(r) for r in runs]
+    references = [m for m in measured if m.label == "reference"]  # the machine's speed, not cells
+    every = [m for m in measured if m.label != "reference"]
+    by_cell = cells(every)
+    calib, test = split([min(ms, key=lambda m: m.step_s) for ms in by_cell.values()])
     errs, by_setting, tv, f, cpu = score(calib, test, w, show=True)
     repeats = max(len(ms) for ms in by_cell.values())
     lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core "
@@ -238,10 +238,9 @@ def validate(runs: list[Path], w) -> list[str]:
         line = f"{key}: Kendall tau of the strategies' order by step time {tau:.2f} (bar 0.8)"
         lines.append(line + ("; " + separable(key, rows, spans) if repeats > 1 else ""))
     if repeats > 1:  # every run on its own, calibrated on every 2-worker run: what one repeat would give
-        every = [m for ms in by_cell.values() for m in ms]
-        each = score([m for m in every if m.workers == 2], [m for m in every if m.workers != 2], w, show=False)[0]
+        each = score(*split(every), w, show=False)[0]
         lines.append(f"every run on its own (not the fastest repeat): {agreement(each)}")
-    lines += tracked([m.run for ms in by_cell.values() for m in ms] + [r for r in runs if r.name.startswith("reference-")], w)
+    lines += tracked(every, references, w)
     # the same cells without the CPU per byte (the model before it), recalibrated so
     errs0 = score([replace(m, kernel_cpu_s=None) for m in calib], test, w, show=False)[0]
     lines.append(f"without the CPU per byte moved (recalibrated): {agreement(errs0)}")
