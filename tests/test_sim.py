@@ -55,6 +55,22 @@ def test_a_slow_worker_holds_a_synchronous_step_and_makes_async_pushes_stale():
     assert a.step_s < slow.step_s  # nobody waits for the slow one
 
 
+def test_async_push_rate_is_every_workers_own_rate_summed():
+    """An asynchronous job ends after a budget of applied pushes, not after the same number of
+    pushes from each worker: on 1,1,2,4 with 1 s of compute and instant transfers the servers
+    take 1 + 1 + 1/2 + 1/4 = 2.75 pushes a second, and the slow worker makes 1/11 of them. (Each
+    worker pushing 20 times ran the slow one alone at the end: 80 pushes in 80 s, 1 a second.)"""
+    fast = {"net": "1000gbit", "latency_s": 0.0, "efficiency": 1.0, "slowdown": [1, 1, 2, 4]}
+    p = simulate("ps-async", toy(), ClusterSpec(workers=4, **fast), Options(), Progress(), steps=20)
+    assert p.extra["pushes_per_s"] == pytest.approx(2.75, rel=0.05)
+    # most pushes are the fast workers': the mean time between a worker's pushes is 4 / 2.75 s
+    assert p.step_s == pytest.approx(4 / 2.75, rel=0.05)
+    # a push is as stale as the others' pushes while it computed: 1.75 for a fast worker's, 4.5 for
+    # the 2x one's, 10 for the 4x one's; weighted by their shares of the pushes, 8.25 / 2.75 = 3
+    assert max(p.extra["staleness_histogram"]) == 10
+    assert p.extra["mean_staleness"] == pytest.approx(3.0, rel=0.1)
+
+
 def test_processor_sharing_against_hand_computed_phases():
     from ringps.sim.cpu import Phase, share
 

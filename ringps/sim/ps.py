@@ -11,6 +11,12 @@ shard), then its reply crosses the outgoing link, shared the same way; the bytes
 the versions applied since the worker's values; threshold drops it when over T (no version bump,
 a reply all the same), SSP holds the reply while the worker is more than T pushes ahead of the
 slowest, BSP waits for every worker's push of the version.
+
+The run ends when the servers have applied workers x pushes_per_worker pushes, as an asynchronous
+ringps job ends after its budget of applied updates: a fast worker pushes more often than a slow
+one, and the pushes in flight then are cut off. (Ending when every worker had made as many
+pushes as the others would time the slowest worker's pushes alone at the end: on 1,1,2,4 that
+halved the predicted push rate.)
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     T = o.staleness_threshold if o.staleness_threshold is not None else (
         2 * (n - 1) if policy == "threshold" else 4)
     state = {"version": 0, "applied": 0, "dropped": 0}
+    budget, finished = n * pushes_per_worker, env.event()  # applied pushes; then the run ends
     clock = Counter()
     hist: Counter = Counter()
     cycles: list[float] = []
@@ -77,6 +84,8 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
                 yield work(t_update)
                 state["version"] += 1
                 state["applied"] += 1
+            if state["applied"] >= budget and not finished.triggered:
+                finished.succeed()
         if policy == "sync" and round_done["arrived"]:
             yield round_done["event"]
         clock[i] += 1
@@ -93,7 +102,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
 
     def worker(i: int):
         last = None  # the last compute, Stretch's base
-        for _ in range(pushes_per_worker):
+        while True:  # until the budget is applied (env.run's end)
             t0 = env.now
             seen = state["version"]
             j = rng.lognormvariate(0, c.jitter) if c.jitter else 1.0
@@ -110,11 +119,10 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
             if own_cpu:  # the bytes moved cost CPU on the cores it computes on
                 yield work(own_cpu)
             cycles.append(env.now - t0)
-        clock[i] = 10 ** 9  # a finished worker no longer holds SSP back
 
     for i in range(n):
         env.process(worker(i))
-    env.run()
+    env.run(until=finished)
     total = sum(hist.values())
     step_s, compute = statistics.mean(cycles), statistics.mean(computes)
     extra = {"staleness_histogram": dict(sorted(hist.items())), "drop_fraction": state["dropped"] / max(1, total),
