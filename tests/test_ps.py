@@ -189,6 +189,28 @@ def test_server_checkpoint_resumes_with_the_same_versions(tmp_path):
     assert min(p["version"] for p in pushes) == 17 and 22 <= max(p["version"] for p in pushes) <= 23
 
 
+@pytest.mark.parametrize("strategy", [["ps-async"], ["ps-sync"], ["ps-vsgd", "--layer-strategy", "auto"]],
+                         ids=["async", "sync", "vsgd-layers"])
+def test_stop_at_target_ends_every_worker_of_a_parameter_server_job(tmp_path, strategy):
+    """Only worker 0 evaluates a parameter-server job; at the target it tells the servers, and
+    every worker stops after its step (a synchronous round is not waited out). It used to be
+    ignored: the job ran its whole budget, 30 epochs here, past a target met at step 4."""
+    out = tmp_path / "run"
+    r = ringps("train", *TINY, "--strategy", *strategy, "--workers", "3", "--epochs", "30", "--eval-every", "4",
+               "--target-accuracy", "0.01", "--stop-at-target", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    per_epoch = next(r["steps_per_epoch"] for r in rows if r["kind"] == "start")
+    assert s["time_to_accuracy_s"] is not None and s["final_accuracy"] >= 0.01
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert len(evals) == 1 and evals[0]["step"] == 4  # the first evaluation met the target: the last
+    assert len([r for r in rows if r["kind"] == "end"]) == 3  # every worker ended
+    # the others push at their own pace meanwhile (one did 27 steps beside the evaluator's 4 on a busy
+    # machine), but the job ends far from the 30 epochs' budget
+    assert s["pushes_applied"] < 30 * per_epoch * 3 / 5
+
+
 def test_budget_counts_applied_updates_not_dropped_pushes(tmp_path):
     """ps-threshold with T = 0 drops most pushes of a 1:4 slower worker: the job still applies its
     whole budget (epochs x steps per epoch x workers), as ps-async does; it used to end early

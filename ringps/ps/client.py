@@ -33,6 +33,7 @@ class PushResult:
     bytes_sent: int
     bytes_recv: int
     global_updates: int  # pushes the servers have applied, all workers together (the job's budget counts these)
+    finished: bool = False  # a server said the job is over (another worker reached the target)
 
 
 class Client:
@@ -75,9 +76,9 @@ class Client:
 
     def pull(self, flags: int = 0) -> None:
         """The servers' current values into the parameters. flags=FLAG_HOLD also holds every other
-        worker's push until `release` (an evaluation); FLAG_RELEASE sends no values back."""
-        fp, values = self.layout.fingerprint, not flags & wire.FLAG_RELEASE
-        op = "release" if not values else "pull"
+        worker's push until `release` (an evaluation); FLAG_RELEASE and FLAG_FINISH send no values back."""
+        fp, values = self.layout.fingerprint, not flags & (wire.FLAG_RELEASE | wire.FLAG_FINISH)
+        op = "pull" if values else "finish" if flags & wire.FLAG_FINISH else "release"
         raws, replies = self._post_replies(op, values=values)
         works = [(dist.isend(wire.Header(wire.OP_PULL, self.rank, s, fingerprint=fp, flags=flags).encode(), dst=srv,
                              tag=wire.TAG_HEADER), f"sending a {op}", srv) for s, srv in enumerate(self.servers)]
@@ -89,6 +90,10 @@ class Client:
 
     def release(self) -> None:
         self.pull(wire.FLAG_RELEASE)
+
+    def finish(self) -> None:
+        """End the job on every server (the target is reached): the other workers stop after their step."""
+        self.pull(wire.FLAG_FINISH)
 
     def push_pull(self, lr: float, step: int) -> PushResult:
         t0 = time.perf_counter()
@@ -123,6 +128,7 @@ class Client:
             weight=[h.weight for h in heads], value_staleness=[h.value_staleness for h in heads],
             held_s=max(h.held_us for h in heads) / 1e6, paused_s=max(h.paused_us for h in heads) / 1e6,
             round_trip_s=time.perf_counter() - t0, bytes_sent=sent, bytes_recv=recv, global_updates=max(h.updates for h in heads),
+            finished=any(h.flags & wire.FLAG_FINISH for h in heads),
         )
 
     def stop(self) -> None:

@@ -153,6 +153,7 @@ class LayeredClient:
         self.paused_s = 0.0  # of which the servers held this worker's step for another's evaluation
         self.last: dict = {}  # the latest step's figures (staleness, applied)
         self.global_updates = 0
+        self.job_finished = False  # a server said the job is over (another worker reached the target)
         self._inputs: dict[int, torch.Tensor] = {}
         self._deltas: dict[int, torch.Tensor] = {}
         self._pending: dict[int, int] = {}
@@ -277,6 +278,7 @@ class LayeredClient:
                 applied = applied and h.status == wire.APPLIED
                 self.paused_s += h.paused_us / 1e6
                 self.global_updates = max(self.global_updates, h.updates)
+            self.job_finished = self.job_finished or bool(h.flags & wire.FLAG_FINISH)
             self.ready[spec.index].set()
         self.last = {"staleness": staleness, "applied": applied}
 
@@ -318,6 +320,10 @@ class LayeredClient:
 
     def release(self) -> None:
         self._to_all(wire.FLAG_RELEASE, "releasing the job after an evaluation", values=False)
+
+    def finish(self) -> None:
+        """End the job on every server: the other workers stop after their current step."""
+        self._to_all(wire.FLAG_FINISH, "ending the job at its target", values=False)
 
     def begin_step(self, lr: float, step: int) -> None:
         self._raise()
@@ -419,7 +425,7 @@ class LayerServer(Server):
         while (h := self.next_request(worker, raw)) is not None:
             if h.op == wire.OP_PULL:
                 self.hold(worker, h)
-                if h.flags & (wire.FLAG_HOLD | wire.FLAG_RELEASE):  # the values follow by a refresh
+                if h.flags & (wire.FLAG_HOLD | wire.FLAG_RELEASE | wire.FLAG_FINISH):  # values follow by a refresh
                     self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index), None)
                 else:
                     self.known[worker] = None  # a refresh: values (and momentum) of every layer
@@ -478,13 +484,15 @@ class LayerServer(Server):
                     lo, hi = spec.local, spec.local + spec.numel
                     bodies.append((torch.cat([s.values[lo:hi], s.momentum[lo:hi]]), 0, wire.FLAG_REFRESH))
             self.known[worker] = version
-            updates = self.applied
+            updates, finish = self.applied, wire.FLAG_FINISH if self.finished else 0
         try:
             self.policy.sent(worker, snap.values)
             for i, (spec, (body, entries, flags)) in enumerate(zip(self.specs, bodies)):
                 reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=version, payload=body.numel(),
                                     layer=spec.index, entries=entries, flags=flags, step=h.step, updates=updates)
-                if o is not None and i == 0:  # the step's figures, once
+                if i == 0:  # the job's end and the step's figures, once
+                    reply.flags |= finish
+                if o is not None and i == 0:
                     reply.status, reply.staleness, reply.weight = o.status, o.staleness, o.verdict.weight
                     reply.value_staleness, reply.held_us, reply.paused_us = (o.verdict.value_staleness, int(held * 1e6),
                                                                              int(o.paused * 1e6))

@@ -105,6 +105,7 @@ class Server:
         self.live = set(workers)
         self.failed: dict[int, str] = {}
         self.holder: Optional[int] = None  # the worker evaluating now (FLAG_HOLD), if any
+        self.finished = False  # the evaluator ended the job at its target (FLAG_FINISH): replies say so
         # statistics
         self.applied = self.dropped = self.refused = 0
         self.histogram: Counter = Counter()
@@ -243,8 +244,12 @@ class Server:
         return time.perf_counter() - t0
 
     def hold(self, worker: int, h: wire.Header) -> None:
-        """FLAG_HOLD / FLAG_RELEASE of a pull: start or end `worker`'s evaluation pause."""
+        """FLAG_HOLD / FLAG_RELEASE of a pull: start or end `worker`'s evaluation pause; FLAG_FINISH:
+        the job is over (a round or a bound the policy holds a reply for is then waited out no more)."""
         with self.shard.cond:
+            if h.flags & wire.FLAG_FINISH:
+                self.finished = True
+                self.shard.cond.notify_all()
             if h.flags & wire.FLAG_HOLD:
                 self.holder = worker
             elif h.flags & wire.FLAG_RELEASE and self.holder == worker:
@@ -320,7 +325,7 @@ class Server:
             if h.op == wire.OP_PULL:
                 self.hold(worker, h)
                 reply = wire.Header(wire.OP_REPLY, self.rank, self.index, step=h.step)
-                if h.flags & wire.FLAG_RELEASE:  # nothing changed while it held: no values to send
+                if h.flags & (wire.FLAG_RELEASE | wire.FLAG_FINISH):  # nothing changed while it held: no values
                     self._reply(worker, reply, None)
                 else:
                     self.send_values(worker, reply)
@@ -363,7 +368,7 @@ class Server:
         return wire.Header(wire.OP_REPLY, self.rank, self.index, status=o.status, staleness=o.staleness,
                            weight=o.verdict.weight, step=h.step, updates=self.applied,
                            held_us=int(held * 1e6), value_staleness=o.verdict.value_staleness,
-                           paused_us=int(o.paused * 1e6))
+                           paused_us=int(o.paused * 1e6), flags=wire.FLAG_FINISH if self.finished else 0)
 
     def refuse(self, worker: int, h: Optional[wire.Header], reason: str, drainable: bool) -> None:
         if drainable and h is not None:  # take the payload off the wire so the stream stays in step

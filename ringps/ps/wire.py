@@ -4,7 +4,9 @@ A request is a header of FIELDS int64 (tag HEADER) and, for a push, the gradient
 and, when the policy needs it, the value sample (tag SAMPLE). A reply is a header (tag REPLY)
 and the values (tag VALUES). Separate tags keep headers and payloads from ever being matched with
 each other. A pull may carry FLAG_HOLD (hold every other worker's push until this worker sends
-FLAG_RELEASE): the evaluating worker of an asynchronous job uses it.
+FLAG_RELEASE): the evaluating worker of an asynchronous job uses it. A pull with FLAG_FINISH ends
+the job (its evaluation reached the target, --stop-at-target): from then on every reply carries
+FLAG_FINISH and each worker stops after the step it is in.
 
 With several servers and a policy whose verdict depends on the push (threshold, stale-lr, vsgd),
 server 0 judges every worker step and tells the other servers its verdict in an OP_VERDICT
@@ -29,7 +31,7 @@ Each field means one thing:
     rows                   sufficient factors: the batch rows of (delta, x)
     k                      top-k: (index, value) pairs that follow
     entries                layer reply: factor-log updates that follow (instead of values)
-    flags                  END_OF_STEP, HOLD, RELEASE, REFRESH
+    flags                  END_OF_STEP, HOLD, RELEASE, REFRESH, FINISH
     updates                reply: pushes the servers have applied, all workers together
     worker                 verdict: whose step it judges
     scale                  verdict: the factor the judge gave the gradient (stale-lr)
@@ -50,7 +52,7 @@ from typing import Optional
 
 import torch
 
-MAGIC = 0x5250_4753_0005  # "RPGS", protocol 5
+MAGIC = 0x5250_4753_0006  # "RPGS", protocol 6 (5 without FLAG_FINISH)
 TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_VALUES, TAG_SAMPLE = 11, 12, 13, 14, 15
 TAG_VERDICT_BASE = 1000  # + worker rank: server 0's verdict on that worker's step
 
@@ -65,6 +67,8 @@ FLAG_REFRESH = 2  # layer: send values (and momentum, for sf) rather than an upd
 # OP_PULL: the evaluating worker holds the job still (every other push waits at the server) while
 # it scores the model, so no worker trains in time the evaluator's clock leaves out; RELEASE ends it
 FLAG_HOLD, FLAG_RELEASE = 8, 16
+# OP_PULL: the evaluator's target is reached, end the job; reply: the job is over, stop after this step
+FLAG_FINISH = 32
 APPLIED, DROPPED, REFUSED, STOPPED = 0, 1, 2, 3
 STATUS = {APPLIED: "applied", DROPPED: "dropped", REFUSED: "refused", STOPPED: "stopped"}
 _MASK = (1 << 61) - 1

@@ -123,8 +123,15 @@ class Strategy:
         return None
 
     def finished(self) -> bool:
-        """With `budgeted`: True once the global budget of steps is used up."""
+        """True once this worker's work is over before its own count of steps: the global budget
+        used up (`budgeted`), or the job ended by the worker that evaluated (`end_at_target`)."""
         return False
+
+    def end_at_target(self) -> bool:
+        """The evaluation reached the target and --stop-at-target is set: end the job everywhere and
+        return True, or return False where this worker cannot (then the job runs its whole length).
+        Workers that evaluate together all saw the same accuracy and each stops on its own."""
+        return self.collective_eval
 
     def settle(self) -> None:
         """Finish in-flight updates of the local model (before evaluating or saving it)."""

@@ -132,6 +132,7 @@ class ParameterServer(Strategy):
             self.client.pull()
         self.steps = 0
         self.global_updates = 0
+        self.job_finished = False  # the worker that evaluates ended the job at its target
         self.paused_seen = 0.0
         self.budget = self.total_pushes(ctx)
 
@@ -143,7 +144,14 @@ class ParameterServer(Strategy):
         return self.global_updates // self.ctx.workers if self.budgeted else None
 
     def finished(self) -> bool:
-        return self.global_updates >= self.budget
+        return self.job_finished or (self.budgeted and self.global_updates >= self.budget)
+
+    def end_at_target(self) -> bool:
+        """Only worker 0 evaluates: it tells the servers, and every reply after that tells the
+        others to stop after their step (a synchronous round is then waited out no more)."""
+        (self.layered or self.client).finish()
+        self.job_finished = True
+        return True
 
     def settle(self) -> None:
         if self.layered is not None:
@@ -192,7 +200,7 @@ class ParameterServer(Strategy):
             c = self.layered
             c.begin_step(lr, self.steps)
             loss, compute, waited = self.compute(batch, lambda: c.waited_s)
-            self.global_updates = c.global_updates
+            self.global_updates, self.job_finished = c.global_updates, c.job_finished
             paused, self.paused_seen = c.paused_s - self.paused_seen, c.paused_s
             return StepStats(loss=loss.item(), compute_s=compute, exposed_s=max(0.0, waited - paused), t_ready=time.time(),
                              paused_s=min(paused, waited), applied=c.last.get("applied", True),
@@ -200,7 +208,7 @@ class ParameterServer(Strategy):
         loss, compute, _ = self.compute(batch)
         ready = time.time()
         res = self.client.push_pull(lr, self.steps)
-        self.global_updates = res.global_updates
+        self.global_updates, self.job_finished = res.global_updates, res.finished
         return StepStats(
             loss=loss.item(), compute_s=compute, exposed_s=res.round_trip_s - res.paused_s, wait_s=res.held_s,
             paused_s=res.paused_s,

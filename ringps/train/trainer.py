@@ -190,8 +190,7 @@ class Trainer:
                     payload_sent=stats.payload_sent, payload_recv=stats.payload_recv, applied=stats.applied,
                     paused_s=stats.paused_s, **stats.extra,
                 )
-                last = self.strategy.finished() if budgeted else self.step >= self.total_steps
-                last = last or self.step >= cap
+                last = self.strategy.finished() or (not budgeted and self.step >= self.total_steps) or self.step >= cap
                 if evaluator and (self.step % self.eval_every == 0 or last):
                     stop = self.evaluate(clock, epoch) or stop
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
@@ -224,4 +223,4 @@ class Trainer:
             self.reached_at = t
         self.recorder.write("eval", worker=ctx.worker, step=self.step, epoch=epoch, t=t, wall=time.time(),
                             began=began, ended=ended, accuracy=res.accuracy, test_loss=res.loss, samples=res.samples)
-        return bool(self.cfg.train.stop_at_target and self.reached_at is not None and s.collective_eval)
+        return bool(self.cfg.train.stop_at_target and self.reached_at is not None and s.end_at_target())

@@ -22,7 +22,7 @@ class SSP(Policy):
         w, cond = push.worker, server.shard.cond
         self.clock[w] += 1
         cond.notify_all()
-        ok = cond.wait_for(lambda: w not in server.live
+        ok = cond.wait_for(lambda: w not in server.live or server.finished
                            or self.clock[w] - min(self.clock[x] for x in server.live) <= self.threshold,
                            timeout=server.timeout)
         if not ok:

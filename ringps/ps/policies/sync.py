@@ -49,7 +49,7 @@ class Sync(Policy):
             server.shard.cond.notify_all()
 
     def hold(self, server, push: Push) -> None:
-        ok = server.shard.cond.wait_for(lambda: server.shard.version > push.seen_version or server.failed,
+        ok = server.shard.cond.wait_for(lambda: server.shard.version > push.seen_version or server.failed or server.finished,
                                         timeout=server.timeout)
         self._lost(server, push.seen_version)
         if not ok:
