@@ -185,6 +185,9 @@ class StrategyConfig(Section):
     local_warmup_steps: int = Field(20, ge=0, description="localsgd: steps of global gradient all-reduce before local SGD starts")
     diloco_outer_lr: float = Field(0.7, gt=0, description="diloco: outer Nesterov SGD learning rate (the paper's 0.7)")
     diloco_outer_momentum: float = Field(0.9, ge=0, lt=1, description="diloco: outer momentum (the paper's 0.9)")
+    auto_calibration: Optional[str] = Field(
+        None, description="--strategy auto: this cluster's calibration file (ringps simulate --calibrate RUN... --out FILE): "
+        "its compute, links and progress; default: the shipped profile's compute and 0.95 link efficiency")
     layer_strategy: Literal["off", "auto"] = Field(
         "off", description="auto: per-layer methods, wait-free pushes, priority pulls (ps-async/threshold/stale-lr, ring-topk)")
 

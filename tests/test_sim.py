@@ -457,3 +457,28 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
     assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
     assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back
+
+
+def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
+    """`--strategy auto` without a calibration takes the profile's compute as it is: at 1 Gbit/s
+    the 43 MB exchange then looks exposed and a compressed exchange wins. With this cluster's
+    calibration (`--auto-calibration`: compute 4x the profile per whole core, its processes
+    sharing this machine's cores) the exchange hides behind the backward and dense fp16 wins;
+    the shipped progress factors stand in for the strategies the file did not fit."""
+    from ringps.config import load_config
+    from ringps.cost import cores
+    from ringps.launch.run import resolve_auto
+
+    job = {"model": "facenet", "dataset": "orl-faces", "workers": 4, "net": "1gbit", "strategy": "auto"}
+    _, plain = resolve_auto(load_config(None, job))
+    assert plain["chosen"].split(" ")[0] in ("topk-allgather", "ring-topk", "powersgd")
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("compute_a: 4.0\nefficiency: 0.85\nfactor: {powersgd: 0.9}\n")
+    cfg, plan = resolve_auto(load_config(None, {**job, "auto_calibration": str(cal)}))
+    assert plan["cluster"]["compute_scale"] == 4.0 and plan["cluster"]["shared_cores"] == cores()
+    assert plan["chosen"] == "fp16" and cfg.strategy.strategy == "fp16"
+    tta = {r["strategy"]: r["time_to_accuracy_s"] for r in plan["ranking"]}
+    # fp16's shipped factor (1.083: fewer steps than allreduce's) survives the file's own factors
+    assert tta["fp16"] < tta["allreduce"] and tta["powersgd (powersgd_rank=4)"] > tta["fp16"]
+    with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
+        resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))

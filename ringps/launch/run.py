@@ -77,17 +77,31 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     from ringps.config import validate
     from ringps.cost import contention
     from ringps.sim.auto import rank, reasons
+    from ringps.sim.calibrate import emulated_cluster, fitted_from
     from ringps.sim.cluster import ClusterSpec
     from ringps.sim.predict import load_progress
     from ringps.sim.workload import load_workload
 
-    prog = load_progress(None)
+    shipped, path = load_progress(None), cfg.strategy.auto_calibration
+    prog, ps_c = shipped, None
+    if path:
+        if not Path(path).is_file():
+            raise ConfigError(f"--auto-calibration {path}: no such file (write one with `ringps simulate --calibrate "
+                              "RUN... --out FILE` from runs on this cluster)")
+        calibrated = load_progress(path)
+        # its own progress factors where it fitted them, the shipped ones for the other strategies
+        prog = calibrated.model_copy(update={"factor": {**shipped.factor, **calibrated.factor}})
     w = load_workload(cfg.model.model)
-    servers = cfg.run.servers
-    scale = (prog.compute_a or 1.0) * contention(cfg.run.workers + servers, cfg.run.threads)
-    c = ClusterSpec(workers=cfg.run.workers, net=(cfg.run.net or "10gbit").split(",")[0], slowdown=cfg.run.slowdown,
-                    servers=servers, compute_scale=scale, efficiency=prog.efficiency or 0.95)
-    choices = rank(w, c, prog)
+    servers, net = cfg.run.servers, cfg.run.net.split(",")[0] if cfg.run.net else None
+    fitted = fitted_from(prog)
+    if fitted is not None:  # this machine's constants: every process on its cores, as calibration modelled them
+        c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
+        ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
+    else:
+        scale = contention(cfg.run.workers + servers, cfg.run.threads)
+        c = ClusterSpec(workers=cfg.run.workers, net=net or "10gbit", slowdown=cfg.run.slowdown, servers=servers,
+                        compute_scale=scale, efficiency=prog.efficiency or 0.95)
+    choices = rank(w, c, prog, ps_cluster=ps_c)
     best = choices[0]
     flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})

@@ -45,14 +45,18 @@ class Choice:
         return f"{self.strategy} ({s})" if s else self.strategy
 
 
-def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Optional[Options] = None) -> list[Choice]:
+def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Optional[Options] = None,
+         ps_cluster: Optional[ClusterSpec] = None) -> list[Choice]:
+    """Every candidate, fastest predicted time-to-accuracy first; `ps_cluster`: the cluster as a
+    parameter-server worker computes on it (calibration fits its compute apart), default `c`."""
     base = base or Options()
     out = []
     for strategy, settings in CANDIDATES:
         if strategy.startswith("ps-") and c.workers < 2:
             continue
         o = replace(base, **settings)
-        out.append(Choice(strategy, settings, simulate(strategy, w, c, o, prog, steps=steps)))
+        on = ps_cluster if strategy.startswith("ps-") and ps_cluster is not None else c
+        out.append(Choice(strategy, settings, simulate(strategy, w, on, o, prog, steps=steps)))
     return sorted(out, key=lambda ch: (ch.tta, ch.prediction.step_s))
 
 

@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 
@@ -77,8 +77,9 @@ class Fitted:
 
     compute_a: float  # measured compute = the profile's x this, per whole core
     efficiency: float = 0.95  # payload per configured link bit
-    # the servers' links' payload per bit, per link rate ("loopback": unshaped); absent: efficiency
-    server_efficiency: dict = field(default_factory=dict)
+    # the servers' links' payload per bit, per link rate ("loopback": unshaped; absent: efficiency),
+    # or one for every link (a hand-written calibration file)
+    server_efficiency: Union[dict, float] = field(default_factory=dict)
     cpu_per_byte: float = 0.0  # CPU seconds per byte a worker moves, on the cores it computes on
     # a parameter-server worker's compute = the profile's x this, per whole core (None: compute_a)
     ps_compute_a: Optional[float] = None
@@ -190,16 +191,33 @@ def lossy(net: Optional[str]) -> bool:
 
 
 def cluster_for(m: Measured, f: Fitted):
-    """The cluster a measured run ran on: ringps's emulated one, every process on this machine's
-    cores; on a lossy link the servers' transfers take turns, at the servers' own efficiency."""
+    """The cluster a measured run ran on."""
+    return emulated_cluster(m.workers, m.net, m.slowdown, m.servers, f, ps=m.strategy.startswith("ps-"))
+
+
+def emulated_cluster(workers: int, net: Optional[str], slowdown: Optional[list], servers: int, f: Fitted,
+                     ps: bool = False):
+    """ringps's emulated cluster (or its loopback, net None) with the fitted constants: every
+    process on this machine's cores; on a lossy link the servers' transfers take turns, at the
+    servers' own efficiency; `ps`: a parameter-server worker's compute."""
     from ringps.sim.cluster import ClusterSpec
 
-    drops = lossy(m.net)
-    a = f.ps_compute_a if m.strategy.startswith("ps-") and f.ps_compute_a else f.compute_a
-    return ClusterSpec(workers=m.workers, net=m.net or "10gbit", slowdown=m.slowdown, servers=m.servers,
+    a = f.ps_compute_a if ps and f.ps_compute_a else f.compute_a
+    se = f.server_efficiency
+    return ClusterSpec(workers=workers, net=net or "10gbit", slowdown=slowdown, servers=servers,
                        compute_scale=a, jitter=f.jitter, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
-                       fairness=0.0 if drops else 1.0, server_efficiency=f.server_efficiency.get(m.link),
+                       fairness=0.0 if lossy(net) else 1.0,
+                       server_efficiency=se.get(net or "loopback") if isinstance(se, dict) else se,
                        cpu_per_byte=f.cpu_per_byte)
+
+
+def fitted_from(prog) -> Optional[Fitted]:
+    """The machine constants a calibration file (`--calibrate ... --out FILE`) carries; None for a
+    file without them (the shipped progress model)."""
+    if prog.compute_a is None:
+        return None
+    return Fitted(prog.compute_a, efficiency=prog.efficiency or 0.95, cpu_per_byte=prog.cpu_per_byte or 0.0,
+                  server_efficiency=prog.server_efficiency or {}, ps_compute_a=prog.ps_compute_a, jitter=prog.jitter or 0.0)
 
 
 def predict_step(m: Measured, w, f: Fitted, cpu: Optional[dict] = None) -> float:
