@@ -8,9 +8,13 @@ user pays for the choice. Per cell: auto's pick and its measured time against th
 contender (the issue's bar: within 10% in at least 80% of cells), and Kendall's tau of the
 contenders' order by predicted (the ranking in auto-plan.json) against measured time-to-accuracy
 (bar 0.8 per cell). Each cell runs --repeats times, every cell once before any twice; medians.
+`--calibration FILE` adds `auto-calibrated`: --strategy auto with --auto-calibration FILE (a
+calibration of this machine from other runs, `ringps simulate --calibrate RUN... --out FILE`),
+judged the same way.
 
     .venv/bin/python benchmarks/auto_pick.py --repeats 2 --out runs/bench-auto
     .venv/bin/python benchmarks/auto_pick.py --cells w4-1gbit,w4-unshaped-slow --repeats 1
+    .venv/bin/python benchmarks/auto_pick.py --calibration CAL.yaml --out runs/bench-auto
 """
 
 from __future__ import annotations
@@ -43,28 +47,29 @@ def plans(runs: list[dict]) -> list[dict]:
     return [json.loads((Path(r["run_dir"]) / "auto-plan.json").read_text()) for r in runs]
 
 
-def judge(cell: str, runs: dict[str, list[dict]]) -> tuple[list[str], list[tuple[str, bool, str]]]:
-    """Auto's pick against the best measured contender, and the predicted order against the measured."""
+def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str], list[tuple[str, bool, str]]]:
+    """`auto`'s pick (a contender running --strategy auto) against the best measured contender, and
+    the order it predicted against the measured one."""
     lines, checks = [], []
-    picks = sorted({p["chosen"] for p in plans(runs["auto"])})
-    measured = {c: med(rs, "time_to_accuracy_s") for c, rs in runs.items() if c != "auto"}
+    picks = sorted({p["chosen"] for p in plans(runs[auto])})
+    measured = {c: med(rs, "time_to_accuracy_s") for c, rs in runs.items() if not c.startswith("auto")}
     reached = {c: t for c, t in measured.items() if t is not None}
-    auto_t = med(runs["auto"], "time_to_accuracy_s")
+    auto_t = med(runs[auto], "time_to_accuracy_s")
     if reached:
         best = min(reached, key=reached.get)
-        checks.append((f"{cell}: --strategy auto (picked {' / '.join(picks)}) within 10% of the best measured, {best}",
+        checks.append((f"{cell}: {auto} (picked {' / '.join(picks)}) within 10% of the best measured, {best}",
                        auto_t is not None and auto_t <= 1.1 * reached[best],
                        (f"{auto_t:.1f}s" if auto_t is not None else "never (median)")
                        + f" vs {reached[best]:.1f}s" + (f" = {auto_t / reached[best]:.2f}x" if auto_t else "")))
-    ranking = {e["strategy"]: e["time_to_accuracy_s"] for e in plans(runs["auto"])[0]["ranking"]}
+    ranking = {e["strategy"]: e["time_to_accuracy_s"] for e in plans(runs[auto])[0]["ranking"]}
     pairs = [(reached[c], ranking.get(RANKED_AS.get(c, c))) for c in reached]
     pairs = [(m, p) for m, p in pairs if p is not None]
     tau = kendall([m for m, _ in pairs], [p for _, p in pairs])
-    checks.append((f"{cell}: Kendall tau, contenders by time-to-accuracy, predicted (shipped calibration) against "
-                   f"measured, >= 0.8", tau >= 0.8, f"{tau:.2f} over {len(pairs)} contenders"))
+    checks.append((f"{cell}: Kendall tau, contenders by time-to-accuracy, {auto}'s prediction against measured, >= 0.8",
+                   tau >= 0.8, f"{tau:.2f} over {len(pairs)} contenders"))
     order = sorted(reached, key=reached.get)
     lines.append(f"{cell}: measured order " + " < ".join(f"{c} {reached[c]:.1f}s" for c in order)
-                 + "; predicted " + " < ".join(f"{c} {p:.1f}s" for c, p in sorted(
+                 + f"; {auto} predicted " + " < ".join(f"{c} {p:.1f}s" for c, p in sorted(
                      ((c, ranking.get(RANKED_AS.get(c, c))) for c in measured), key=lambda x: x[1] or 1e9) if p))
     return lines, checks
 
@@ -76,6 +81,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--epochs", type=int, default=30, help="the most a run may take; each stops at the target")
     p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--calibration", type=Path, help="also run --strategy auto with this --auto-calibration file")
     add_out_arg(p)
     args = p.parse_args()
     unknown = [c for c in args.cells.split(",") if c not in CELLS]
@@ -83,6 +89,12 @@ def main() -> None:
         raise SystemExit(f"unknown cell(s) {', '.join(unknown)}; choose among {', '.join(CELLS)}")
     cells = {c: CELLS[c] for c in args.cells.split(",")}
     contenders = {c: {"strategy": c} for c in args.contenders.split(",")} | {"auto": {"strategy": "auto"}}
+    autos = ["auto"]
+    if args.calibration:
+        if not args.calibration.is_file():
+            raise SystemExit(f"--calibration {args.calibration}: no such file")
+        contenders["auto-calibrated"] = {"strategy": "auto", "auto_calibration": str(args.calibration.resolve())}
+        autos.append("auto-calibrated")
     common = {"dataset": "orl-faces", "model": "facenet", "epochs": args.epochs, "target_accuracy": args.target,
               "stop_at_target": True}
     out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, repeat_major=True)
@@ -91,14 +103,16 @@ def main() -> None:
     checks = []
     for cell, runs in results.items():
         console.print(table(f"{cell}: ratios to allreduce", runs, "allreduce"))
-        more, c = judge(cell, runs)
-        lines += more
-        checks += c
-    picks = [ok for claim, ok, _ in checks if "--strategy auto" in claim]
-    taus = [ok for claim, ok, _ in checks if "Kendall" in claim]
-    checks.append(("--strategy auto within 10% of the best measured in at least 80% of cells",
-                   sum(picks) >= 0.8 * len(picks), f"{sum(picks)} of {len(picks)}"))
-    checks.append(("Kendall tau >= 0.8 in every cell", all(taus), f"{sum(taus)} of {len(taus)}"))
+        for auto in autos:
+            more, c = judge(cell, runs, auto)
+            lines += more
+            checks += c
+    for auto in autos:
+        picks = [ok for claim, ok, _ in checks if claim.split(": ")[1].startswith(f"{auto} (picked")]
+        taus = [ok for claim, ok, _ in checks if f"{auto}'s prediction" in claim]
+        checks.append((f"{auto} within 10% of the best measured in at least 80% of cells",
+                       sum(picks) >= 0.8 * len(picks), f"{sum(picks)} of {len(picks)}"))
+        checks.append((f"{auto}: Kendall tau >= 0.8 in every cell", all(taus), f"{sum(taus)} of {len(taus)}"))
     finish(out, lines, checks)
 
 
