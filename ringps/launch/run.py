@@ -89,8 +89,11 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
             raise ConfigError(f"--auto-calibration {path}: no such file (write one with `ringps simulate --calibrate "
                               "RUN... --out FILE` from runs on this cluster)")
         calibrated = load_progress(path)
-        # its own progress factors where it fitted them, the shipped ones for the other strategies
-        prog = calibrated.model_copy(update={"factor": {**shipped.factor, **calibrated.factor}})
+        # its own progress where it fitted it (runs that reached the target), the shipped model's elsewhere
+        update = {"factor": {**shipped.factor, **calibrated.factor}}
+        if calibrated.dense_steps is None:
+            update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
+        prog = calibrated.model_copy(update=update)
     w = load_workload(cfg.model.model)
     servers, net = cfg.run.servers, cfg.run.net.split(",")[0] if cfg.run.net else None
     fitted = fitted_from(prog)

@@ -346,7 +346,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
                       f"measured, {p:.3f}s predicted ({err:+.0%})")
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}")
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
-           "workers_ref": runs[0].workers, "dense_steps": statistics.median(dense) if dense else None,
+           # steps to the target only where the runs reached it (else the profile's own, at its workers)
+           **({"workers_ref": runs[0].workers, "dense_steps": statistics.median(dense)} if dense else {}),
            "factor": factor, "staleness_a": 0.1, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu}
