@@ -26,6 +26,8 @@ from pathlib import Path
 from common import add_out_arg, console, finish, guarded, med, run_matrix, table
 from simulator import kendall
 
+from ringps.train.summary import refresh_summary
+
 CELLS = {
     "w2-1gbit": {"workers": 2, "net": "1gbit"},
     "w3-1gbit": {"workers": 3, "net": "1gbit"},
@@ -61,6 +63,10 @@ def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str],
                        auto_t is not None and auto_t <= 1.1 * reached[best],
                        (f"{auto_t:.1f}s" if auto_t is not None else "never (median)")
                        + f" vs {reached[best]:.1f}s" + (f" = {auto_t / reached[best]:.2f}x" if auto_t else "")))
+        # the choice apart from its own run's noise: the picked strategy's runs as a contender
+        for pick in {p.split(" (")[0] for p in picks} & set(reached):
+            lines.append(f"{cell}: {auto}'s pick {pick}, measured as a contender: {reached[pick]:.1f}s, "
+                         f"{reached[pick] / reached[best]:.2f}x the best ({best})")
     ranking = {e["strategy"]: e["time_to_accuracy_s"] for e in plans(runs[auto])[0]["ranking"]}
     pairs = [(reached[c], ranking.get(RANKED_AS.get(c, c))) for c in reached]
     pairs = [(m, p) for m, p in pairs if p is not None]
@@ -74,6 +80,19 @@ def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str],
     return lines, checks
 
 
+def finished(out: Path, cells: dict, contenders: dict) -> dict[str, dict[str, list[dict]]]:
+    """The runs of --out that finished (a stopped benchmark's), by cell and contender."""
+    if out is None or not out.is_dir():
+        raise SystemExit("--report-only needs --out DIR of an earlier run of this benchmark")
+    results = {}
+    for cell in cells:
+        runs = {c: [refresh_summary(r) | {"run_dir": str(r)} for r in sorted((out / cell).glob(f"{c}-r*"))
+                    if (r / "summary.json").is_file()] for c in contenders}
+        if all(runs.values()):
+            results[cell] = runs
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", default=",".join(DEFAULT_CELLS), help=f"any of {', '.join(CELLS)}")
@@ -82,6 +101,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=30, help="the most a run may take; each stops at the target")
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--calibration", type=Path, help="also run --strategy auto with this --auto-calibration file")
+    p.add_argument("--report-only", action="store_true", help="judge the finished runs in --out, run nothing")
     add_out_arg(p)
     args = p.parse_args()
     unknown = [c for c in args.cells.split(",") if c not in CELLS]
@@ -97,7 +117,10 @@ def main() -> None:
         autos.append("auto-calibrated")
     common = {"dataset": "orl-faces", "model": "facenet", "epochs": args.epochs, "target_accuracy": args.target,
               "stop_at_target": True}
-    out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, repeat_major=True)
+    if args.report_only:
+        out, results = args.out, finished(args.out, cells, contenders)
+    else:
+        out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, repeat_major=True)
     lines = [f"--strategy auto against its contenders: facenet / orl-faces / target {args.target:.0%} / runs stopped "
              f"at the target (at most {args.epochs} epochs) / {args.repeats} repeats (seeds 0..{args.repeats - 1}), medians"]
     checks = []
@@ -107,9 +130,10 @@ def main() -> None:
             more, c = judge(cell, runs, auto)
             lines += more
             checks += c
+    per_cell = list(checks)
     for auto in autos:
-        picks = [ok for claim, ok, _ in checks if claim.split(": ")[1].startswith(f"{auto} (picked")]
-        taus = [ok for claim, ok, _ in checks if f"{auto}'s prediction" in claim]
+        picks = [ok for claim, ok, _ in per_cell if claim.split(": ")[1].startswith(f"{auto} (picked")]
+        taus = [ok for claim, ok, _ in per_cell if f"{auto}'s prediction" in claim]
         checks.append((f"{auto} within 10% of the best measured in at least 80% of cells",
                        sum(picks) >= 0.8 * len(picks), f"{sum(picks)} of {len(picks)}"))
         checks.append((f"{auto}: Kendall tau >= 0.8 in every cell", all(taus), f"{sum(taus)} of {len(taus)}"))
