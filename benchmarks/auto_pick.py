@@ -26,8 +26,6 @@ from pathlib import Path
 from common import add_out_arg, console, finish, guarded, med, run_matrix, table
 from simulator import kendall
 
-from ringps.train.summary import refresh_summary
-
 CELLS = {
     "w2-1gbit": {"workers": 2, "net": "1gbit"},
     "w3-1gbit": {"workers": 3, "net": "1gbit"},
@@ -80,19 +78,6 @@ def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str],
     return lines, checks
 
 
-def finished(out: Path, cells: dict, contenders: dict) -> dict[str, dict[str, list[dict]]]:
-    """The runs of --out that finished (a stopped benchmark's), by cell and contender."""
-    if out is None or not out.is_dir():
-        raise SystemExit("--report-only needs --out DIR of an earlier run of this benchmark")
-    results = {}
-    for cell in cells:
-        runs = {c: [refresh_summary(r) | {"run_dir": str(r)} for r in sorted((out / cell).glob(f"{c}-r*"))
-                    if (r / "summary.json").is_file()] for c in contenders}
-        if all(runs.values()):
-            results[cell] = runs
-    return results
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", default=",".join(DEFAULT_CELLS), help=f"any of {', '.join(CELLS)}")
@@ -117,10 +102,11 @@ def main() -> None:
         autos.append("auto-calibrated")
     common = {"dataset": "orl-faces", "model": "facenet", "epochs": args.epochs, "target_accuracy": args.target,
               "stop_at_target": True}
-    if args.report_only:
-        out, results = args.out, finished(args.out, cells, contenders)
-    else:
-        out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, repeat_major=True)
+    if args.report_only and (args.out is None or not args.out.is_dir()):
+        raise SystemExit("--report-only needs --out DIR of an earlier run of this benchmark")
+    out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, repeat_major=True,
+                              run_missing=not args.report_only)
+    results = {cell: runs for cell, runs in results.items() if all(runs.values())}  # cells a stopped run finished
     lines = [f"--strategy auto against its contenders: facenet / orl-faces / target {args.target:.0%} / runs stopped "
              f"at the target (at most {args.epochs} epochs) / {args.repeats} repeats (seeds 0..{args.repeats - 1}), medians"]
     checks = []

@@ -50,7 +50,7 @@ def guarded(main: Callable[[], None]) -> None:
 
 def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[str, dict[str, Any]],
                repeats: int, common: dict[str, Any], out: Optional[Path] = None, first_seed: int = 0,
-               repeat_major: bool = False) -> tuple[Path, dict]:
+               repeat_major: bool = False, run_missing: bool = True) -> tuple[Path, dict]:
     """settings: label -> options (e.g. {"net": "100mbit"}); contenders: label -> options.
     Repeat i runs with seed first_seed + i (folder suffix r<seed>). By default a setting's repeats
     run together; `repeat_major` runs every setting once before any twice, so the repeats of one
@@ -58,7 +58,8 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
     Returns the output folder and {setting: {contender: [summary per repeat]}}.
 
     Given an existing `out` (--out DIR of the scripts), runs whose summary.json is already there
-    are read back, not rerun: an interrupted benchmark resumes where it stopped."""
+    are read back, not rerun: an interrupted benchmark resumes where it stopped. `run_missing`
+    False reads back only (a report of a stopped benchmark's finished runs)."""
     out = out or Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     total = len(settings) * len(contenders) * repeats
@@ -77,8 +78,11 @@ def run_matrix(name: str, settings: dict[str, dict[str, Any]], contenders: dict[
             previous = Path(opts["out"]) / "summary.json"
             if previous.exists():
                 s = refresh_summary(Path(opts["out"]))  # recomputed with today's definitions
-                s.setdefault("run_dir", opts["out"])
+                s["run_dir"] = opts["out"]  # where it is now (the folder may have moved)
                 console.print("    (read back from an earlier run of this benchmark)")
+            elif not run_missing:
+                console.print("    (not run: reading back only)")
+                continue
             else:
                 # a folder without summary.json is a run that was interrupted: start it over
                 shutil.rmtree(opts["out"], ignore_errors=True)

@@ -79,21 +79,10 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     from ringps.sim.auto import rank, reasons
     from ringps.sim.calibrate import emulated_cluster, fitted_from
     from ringps.sim.cluster import ClusterSpec
-    from ringps.sim.predict import load_progress
+    from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
 
-    shipped, path = load_progress(None), cfg.strategy.auto_calibration
-    prog, ps_c = shipped, None
-    if path:
-        if not Path(path).is_file():
-            raise ConfigError(f"--auto-calibration {path}: no such file (write one with `ringps simulate --calibrate "
-                              "RUN... --out FILE` from runs on this cluster)")
-        calibrated = load_progress(path)
-        # its own progress where it fitted it (runs that reached the target), the shipped model's elsewhere
-        update = {"factor": {**shipped.factor, **calibrated.factor}}
-        if calibrated.dense_steps is None:
-            update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
-        prog = calibrated.model_copy(update=update)
+    prog, ps_c = load_calibration(cfg.strategy.auto_calibration, "--auto-calibration"), None
     w = load_workload(cfg.model.model)
     servers, net = cfg.run.servers, cfg.run.net.split(",")[0] if cfg.run.net else None
     fitted = fitted_from(prog)

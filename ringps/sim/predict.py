@@ -52,11 +52,26 @@ class Progress(BaseModel):
         return self.factor.get(strategy, 1.0)
 
 
-def load_progress(path: Optional[str]) -> Progress:
+def load_progress(path: Optional[str], flag: str = "--progress") -> Progress:
     p = Path(path) if path else PROFILES / "progress.yaml"
     if not p.is_file():
-        raise ConfigError(f"--progress {path}: no such file")
+        raise ConfigError(f"{flag} {path}: no such file" + (
+            "" if flag == "--progress" else " (write one with `ringps simulate --calibrate RUN... --out FILE`)"))
     return Progress.model_validate(yaml.safe_load(p.read_text()))
+
+
+def load_calibration(path: Optional[str], flag: str) -> Progress:
+    """A calibration file over the shipped progress model: its own progress where it fitted it
+    (factors of the strategies it ran; steps to the target where its runs reached it), the shipped
+    model's elsewhere; no file: the shipped model."""
+    shipped = load_progress(None)
+    if not path:
+        return shipped
+    calibrated = load_progress(path, flag)
+    update: dict = {"factor": {**shipped.factor, **calibrated.factor}}
+    if calibrated.dense_steps is None:
+        update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
+    return calibrated.model_copy(update=update)
 
 
 def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[float]:
