@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ringps.errors import ConfigError
+from ringps.errors import ConfigError, RingpsError
 from ringps.sim.cluster import ClusterSpec, load_cluster
 from ringps.sim.collectives import allreduce_s, ring_allreduce_s
 from ringps.sim.engine import Options, buckets
@@ -460,18 +460,22 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
 
 
 def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
-    """`--strategy auto` without a calibration takes the profile's compute as it is: at 1 Gbit/s
-    the 43 MB exchange then looks exposed and a compressed exchange wins. With this cluster's
-    calibration (`--auto-calibration`: compute 4x the profile per whole core, its processes
-    sharing this machine's cores) the exchange hides behind the backward and dense fp16 wins;
-    the shipped progress factors stand in for the strategies the file did not fit."""
+    """With a calibration of the cluster (`--auto-calibration`), auto prices the job with the
+    file's machine constants, its processes sharing this machine's cores. Compute as the bare
+    profile says (a 1.0) leaves the 43 MB exchange exposed at 1 Gbit/s and a compressed exchange
+    wins; at 4x the profile per whole core (this machine's) the exchange hides behind the backward
+    and dense fp16 wins. The shipped progress factors stand in for the strategies the file did
+    not fit."""
     from ringps.config import load_config
     from ringps.cost import cores
     from ringps.launch.run import resolve_auto
 
     job = {"model": "facenet", "dataset": "orl-faces", "workers": 4, "net": "1gbit", "strategy": "auto"}
-    _, plain = resolve_auto(load_config(None, job))
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("compute_a: 1.0\nefficiency: 0.85\n")
+    _, plain = resolve_auto(load_config(None, {**job, "auto_calibration": str(bare)}))
     assert plain["chosen"].split(" ")[0] in ("topk-allgather", "ring-topk", "powersgd")
+    assert plain["measured_step"] is None  # a calibration prices the machine: nothing is timed
     cal = tmp_path / "cal.yaml"
     cal.write_text("compute_a: 4.0\nefficiency: 0.85\nfactor: {powersgd: 0.9}\n")
     cfg, plan = resolve_auto(load_config(None, {**job, "auto_calibration": str(cal)}))
@@ -482,3 +486,39 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     assert tta["fp16"] < tta["allreduce"] and tta["powersgd (powersgd_rank=4)"] > tta["fp16"]
     with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
         resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))
+
+
+def test_auto_without_a_calibration_times_the_jobs_step_here():
+    """Without a calibration file auto times the job's own step on this machine (its model, batch,
+    loss and optimizer, in a process of its own) and prices the profile by it: the profile times
+    only the layers that own parameters, and the machine's speed is the one the job will see."""
+    from ringps.config import load_config
+    from ringps.cost import cores
+    from ringps.launch.run import resolve_auto
+    from ringps.sim.workload import load_workload
+
+    job = {"model": "facenet", "dataset": "orl-faces", "workers": 4, "net": "1gbit", "strategy": "auto"}
+    cfg, plan = resolve_auto(load_config(None, job))
+    m = plan["measured_step"]
+    assert m["steps"] == 6 and m["compute_s"] > 0 and m["optimizer_s"] > 0
+    profile = load_workload("facenet").compute_s
+    assert m["profile_compute_s"] == pytest.approx(profile)
+    # every layer priced at the measured whole step over the profile's, the cores shared as in a run
+    assert plan["cluster"]["compute_scale"] == pytest.approx((m["compute_s"] + m["optimizer_s"]) / profile)
+    assert plan["cluster"]["shared_cores"] == cores()
+    assert plan["ranking"][0]["strategy"] == plan["chosen"] and cfg.strategy.strategy == plan["chosen"].split(" ")[0]
+
+
+def test_measuring_the_step_fails_in_one_line_and_leaves_no_process(tmp_path):
+    from ringps.config import load_config
+    from ringps.launch.measure import measure_step
+
+    cfg = load_config(None, {"model": "facenet", "dataset": "orl-faces", "workers": 2})
+    with pytest.raises(RingpsError, match=r"took longer than 0\.5s; give --auto-calibration FILE"):
+        measure_step(cfg, timeout=0.5)
+    bad = load_config(None, {"model": "mlp", "dataset": f"folder:{tmp_path / 'none'}", "workers": 2})
+    with pytest.raises(RingpsError, match="needs at least two subfolders") as e:  # the job's own error
+        measure_step(bad)
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    left = subprocess.run(["pgrep", "-f", "ringps.launch.measure"], capture_output=True, text=True).stdout.split()
+    assert left == []

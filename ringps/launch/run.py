@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -75,29 +76,29 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     if cfg.strategy.strategy != "auto":
         return cfg, None
     from ringps.config import validate
-    from ringps.cost import contention
+    from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank, reasons
-    from ringps.sim.calibrate import emulated_cluster, fitted_from
-    from ringps.sim.cluster import ClusterSpec
+    from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
 
-    prog, ps_c = load_calibration(cfg.strategy.auto_calibration, "--auto-calibration"), None
+    prog = load_calibration(cfg.strategy.auto_calibration, "--auto-calibration")
     w = load_workload(cfg.model.model)
     servers, net = cfg.run.servers, cfg.run.net.split(",")[0] if cfg.run.net else None
-    fitted = fitted_from(prog)
-    if fitted is not None:  # this machine's constants: every process on its cores, as calibration modelled them
-        c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
-        ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
-    else:
-        scale = contention(cfg.run.workers + servers, cfg.run.threads)
-        c = ClusterSpec(workers=cfg.run.workers, net=net or "10gbit", slowdown=cfg.run.slowdown, servers=servers,
-                        compute_scale=scale, efficiency=prog.efficiency or 0.95)
+    fitted, measured = fitted_from(prog), None
+    if fitted is None:  # no calibration of this machine: the job's own step, timed here, prices the profile
+        measured = measure_step(cfg)
+        fitted = Fitted(measured.step_s / w.compute_s, efficiency=prog.efficiency or 0.95,
+                        ps_compute_a=measured.compute_s / w.compute_s)
+    # every process of the job on this machine's cores, as calibration models the runs
+    c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
+    ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
     choices = rank(w, c, prog, ps_cluster=ps_c)
     best = choices[0]
     flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})
     plan = {"chosen": best.label(), "reasons": reasons(choices), "cluster": c.model_dump(),
+            "measured_step": None if measured is None else {**asdict(measured), "profile_compute_s": w.compute_s},
             "ranking": [{"strategy": ch.label(), "time_to_accuracy_s": ch.prediction.extra.get("time_to_accuracy_s"),
                          "step_s": ch.prediction.step_s} for ch in choices]}
     return validate(flat), plan
@@ -111,7 +112,10 @@ def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str]
         import json
 
         (run_dir / "auto-plan.json").write_text(json.dumps(auto_plan, indent=1))
-        (console or Console(stderr=True)).print(f"--strategy auto chose {auto_plan['reasons']}")
+        m = auto_plan["measured_step"]
+        priced = (f" (priced on this job's step as measured here: {m['compute_s'] + m['optimizer_s']:.3f} s, "
+                  f"{m['steps']} steps of one process)") if m else f" (priced by {cfg.strategy.auto_calibration})"
+        (console or Console(stderr=True)).print(f"--strategy auto chose {auto_plan['reasons']}{priced}")
     console = console or Console(stderr=True)
     with placement(cfg, run_dir.name) as where:
         job = Job(cfg, run_dir, where)
