@@ -172,6 +172,27 @@ def test_compression_shortens_a_communication_bound_step():
     assert rt.step_s < 0.2 * ar.step_s and ar.extra["time_to_accuracy_s"] > rt.extra["time_to_accuracy_s"]
 
 
+def test_a_measured_profile_carries_the_whole_forward_and_backward():
+    """`ringps profile` times the modules that own parameters; facenet's ReLUs, pooling, dropout
+    and loss run between them (58% of its forward here). The workload must carry them: its compute
+    is the whole forward and backward, each layer keeping its share of its own time."""
+    import torch
+
+    from ringps.models import build_model
+    from ringps.schedule.profile import profile_model
+    from ringps.sim.workload import from_profile
+
+    torch.manual_seed(0)
+    model = build_model("facenet", (1, 112, 92), 40)
+    prof = profile_model(model, torch.randn(16, 1, 112, 92), torch.randint(0, 40, (16,)), reps=2)
+    assert sum(l.forward_s for l in prof.layers) < prof.forward_s  # what the hooks alone see
+    w = from_profile(prof, "facenet", "here")
+    assert w.compute_s == pytest.approx(prof.forward_s + prof.backward_s, rel=1e-9)
+    own = {l.name: l.forward_s for l in prof.layers}
+    shares = [wl.forward_s / own[wl.name] for wl in w.layers if own[wl.name] > 0]
+    assert max(shares) == pytest.approx(min(shares))  # spread in proportion: the order of layers' costs kept
+
+
 def test_bad_profiles_and_clusters_are_one_line(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("name: x\nbatch: 8\nlayers: [{name: a, params: 10}]\n")
@@ -484,6 +505,11 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     tta = {r["strategy"]: r["time_to_accuracy_s"] for r in plan["ranking"]}
     # fp16's shipped factor (1.083: fewer steps than allreduce's) survives the file's own factors
     assert tta["fp16"] < tta["allreduce"] and tta["powersgd (powersgd_rank=4)"] > tta["fp16"]
+    # `ringps plan --auto --here` prints the choice `ringps train --strategy auto` makes with the same flags
+    out = subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", "--here", "--workers", "4", "--net", "1gbit",
+                          "--calibration", str(cal)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "recommended: fp16: predicted time-to-accuracy" in " ".join(out.stdout.split())
     with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
         resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))
 

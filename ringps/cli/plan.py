@@ -4,6 +4,13 @@
 
 The layers are profiled here (one process, one batch); the compute is scaled by the contention
 of the real job (its processes per CPU core) and the links are the --net rate (or --bandwidth).
+
+    ringps plan --auto --model facenet --workers 64 --net 10gbit [--compute-scale A]
+    ringps plan --auto --here --workers 4 --net 1gbit [--calibration FILE]
+
+`--auto` ranks every strategy and its key setting by predicted time-to-accuracy on the described
+cluster, the shipped profile's compute times --compute-scale; `--here` prices this machine
+instead, exactly as `ringps train --strategy auto` with the same flags does before it starts.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="--auto: workload profile (default: the model's shipped one)")
     p.add_argument("--slowdown", help="--auto: per-worker factors, e.g. 1,1,2,4")
     p.add_argument("--compute-scale", type=float, default=1.0, help="--auto: the profile's compute x this")
+    p.add_argument("--here", action="store_true", help="--auto: price this machine as `ringps train --strategy auto` "
+                   "does: time the job's step here, every worker a process on these cores (--net loopback: unshaped)")
+    p.add_argument("--calibration", help="--auto --here: price it with this calibration file instead "
+                   "(ringps simulate --calibrate RUN... --out FILE)")
 
 
 def _ms(s: float) -> str:
@@ -46,10 +57,19 @@ def run_auto(args: argparse.Namespace) -> int:
     from ringps.sim.predict import load_progress
     from ringps.sim.workload import load_workload
 
-    w = load_workload(args.profile or args.model)
-    c = load_cluster(None, {"workers": args.workers, "net": args.net, "servers": args.servers, "slowdown": args.slowdown,
-                            "compute_scale": args.compute_scale})
-    choices = rank(w, c, load_progress(None))
+    if args.here:  # the choice `ringps train --strategy auto` makes with these flags
+        from ringps.config import load_config
+        from ringps.launch.run import auto_choices
+
+        job = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size, "workers": args.workers,
+               "servers": args.servers, "net": None if args.net == "loopback" else args.net, "threads": args.threads,
+               "slowdown": args.slowdown, "auto_calibration": args.calibration, "strategy": "auto"}
+        choices, c, measured, w = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}))
+    else:
+        w = load_workload(args.profile or args.model)
+        c = load_cluster(None, {"workers": args.workers, "net": args.net, "servers": args.servers,
+                                "slowdown": args.slowdown, "compute_scale": args.compute_scale})
+        choices, measured = rank(w, c, load_progress(None)), None
     t = Table("rank", "strategy (setting)", "time-to-accuracy", "step", "utilization", "MB/step", "staleness / drops")
     for i, ch in enumerate(choices):
         p = ch.prediction
@@ -58,13 +78,19 @@ def run_auto(args: argparse.Namespace) -> int:
                   f"{p.utilization:.0%}", f"{p.bytes_per_step / 1e6:.1f}",
                   f"mean {p.extra['mean_staleness']:.1f}, {p.extra['drop_fraction']:.0%} dropped" if hist else "")
     console = wide_console()
-    console.print(f"{w.name} on {c.workers} workers, {c.net} links" + (f", slowdown {c.slowdown}" if c.slowdown else ""))
+    console.print(f"{w.name} on {c.workers} workers, {c.net} links" + (f", slowdown {c.slowdown}" if c.slowdown else "")
+                  + (f"; this job's step measured here: {measured.step_s:.3f} s (x{c.compute_scale:.2f} the profile), "
+                     f"{c.shared_cores} shared cores" if measured else ""))
     console.print(t)
     console.print("recommended: " + reasons(choices))
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.here or args.calibration) and not args.auto:
+        raise ConfigError("--here and --calibration price `ringps plan --auto`'s ranking: add --auto")
+    if args.calibration and not args.here:
+        raise ConfigError("--calibration prices this machine: add --here (a described cluster takes --compute-scale)")
     if args.auto:
         return run_auto(args)
     import torch

@@ -1,15 +1,15 @@
 """What one training step of the job costs on this machine, measured before `--strategy auto`
 chooses, when no calibration file prices the machine (`--auto-calibration`).
 
-A shipped profile says what a model's layers cost on the machine that measured it, and only the
-layers: `ringps profile` times each module that owns parameters, so the activations, pooling and
-the loss between them are not in it (58% of facenet's forward here) and neither is the
-optimizer's step. A job's step costs ~3.5x the shipped facenet profile on this machine: a choice
-priced on the profile alone takes a compute-bound job for a communication-bound one and picks
-compression where 16-bit DDP is faster (docs/RESULTS.md §6). So the job's own step is timed: the
-model, batch size, loss and optimizer it will train with, in a process of its own (the workers'
-threads and allocator settings; the launcher's stay untouched), on its real batches. It takes a
-few seconds; the ratio to the profile's compute prices every layer of the simulation.
+A shipped profile says what a model's layers cost on the machine and day that measured it, and
+only the layers (facenet's, ringps/sim/profiles: the activations, pooling and loss between them
+are not in it, 58% of its forward here), never the optimizer's step. A job's step here costs
+~3x the shipped facenet profile: a choice priced on the profile alone takes a compute-bound job
+for a communication-bound one and picks compression where 16-bit DDP is faster (docs/RESULTS.md
+§6). So the job's own step is timed: the model, batch size, loss and optimizer it will train with,
+in a process of its own (the workers' threads and allocator settings; the launcher's stay
+untouched), on its real batches. It takes ~8 s; its ratio to the profile's compute prices every
+layer of the simulation.
 """
 
 from __future__ import annotations

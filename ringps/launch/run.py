@@ -70,14 +70,12 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "RINGPS_LAUNCHED" not in os.environ
 
 
-def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
-    """--strategy auto: the simulator's pick for this job (ringps/sim/auto.py), as a new config,
-    and the ranking that chose it (written to the run folder as auto-plan.json)."""
-    if cfg.strategy.strategy != "auto":
-        return cfg, None
-    from ringps.config import validate
+def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
+    """Every candidate strategy for this job on this machine, fastest predicted first (ringps/sim/auto.py),
+    with the cluster it priced, the step it measured here (None: a calibration file priced it) and
+    the workload profile."""
     from ringps.launch.measure import measure_step
-    from ringps.sim.auto import rank, reasons
+    from ringps.sim.auto import rank
     from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
@@ -93,7 +91,18 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     # every process of the job on this machine's cores, as calibration models the runs
     c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
     ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
-    choices = rank(w, c, prog, ps_cluster=ps_c)
+    return rank(w, c, prog, ps_cluster=ps_c), c, measured, w
+
+
+def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
+    """--strategy auto: the simulator's pick for this job, as a new config, and the ranking that
+    chose it (written to the run folder as auto-plan.json)."""
+    if cfg.strategy.strategy != "auto":
+        return cfg, None
+    from ringps.config import validate
+    from ringps.sim.auto import reasons
+
+    choices, c, measured, w = auto_choices(cfg)
     best = choices[0]
     flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})

@@ -102,8 +102,17 @@ def load_workload(spec: str) -> Workload:
 
 def from_profile(prof, name: str, device: str, steps_to_target: Optional[float] = None,
                  samples: Optional[int] = None) -> Workload:
-    """A measured `ringps.schedule.profile.Profile` as a workload (`samples`: the training set's size)."""
-    layers = [Layer(name=l.name, kind=l.kind, params=l.params, forward_s=l.forward_s, backward_s=l.backward_s,
+    """A measured `ringps.schedule.profile.Profile` as a workload (`samples`: the training set's size).
+
+    The profile times the modules that own parameters; what runs between them (activations,
+    pooling, the loss: 58% of facenet's forward here) is in its whole-forward time only. It is
+    spread over the layers in proportion to their own forward time, so the workload's compute is
+    the whole forward and backward (shipped profiles measured before this carry the layers alone:
+    see their `source`)."""
+    own_f, own_b = sum(l.forward_s for l in prof.layers), sum(l.backward_s for l in prof.layers)
+    fx = prof.forward_s / own_f if own_f > 0 else 1.0
+    bx = prof.backward_s / own_b if own_b > 0 else 1.0  # the backward's stamps cover it whole, up to the last one
+    layers = [Layer(name=l.name, kind=l.kind, params=l.params, forward_s=l.forward_s * fx, backward_s=l.backward_s * bx,
                     in_features=l.in_features, out_features=l.out_features) for l in prof.layers]
     return Workload(name=name, device=device, source="measured by ringps profile", batch=prof.batch,
                     steps_to_target=steps_to_target, samples=samples, layers=layers)
