@@ -107,7 +107,7 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})
     plan = {"chosen": best.label(), "reasons": reasons(choices), "cluster": c.model_dump(),
-            "measured_step": None if measured is None else {**asdict(measured), "profile_compute_s": w.compute_s},
+            "measured_step": None if measured is None else {**asdict(measured), "step_s": measured.step_s, "profile_compute_s": w.compute_s},
             "ranking": [{"strategy": ch.label(), "time_to_accuracy_s": ch.prediction.extra.get("time_to_accuracy_s"),
                          "step_s": ch.prediction.step_s} for ch in choices]}
     return validate(flat), plan
@@ -122,7 +122,7 @@ def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str]
 
         (run_dir / "auto-plan.json").write_text(json.dumps(auto_plan, indent=1))
         m = auto_plan["measured_step"]
-        priced = (f" (priced on this job's step as measured here: {m['compute_s'] + m['optimizer_s']:.3f} s, "
+        priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
                   f"{m['steps']} steps of one process)") if m else f" (priced by {cfg.strategy.auto_calibration})"
         (console or Console(stderr=True)).print(f"--strategy auto chose {auto_plan['reasons']}{priced}")
     console = console or Console(stderr=True)
