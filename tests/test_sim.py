@@ -11,12 +11,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_ranks
 
 from ringps.errors import ConfigError, RingpsError
 from ringps.sim.cluster import ClusterSpec, load_cluster
 from ringps.sim.collectives import allreduce_s, ring_allreduce_s
 from ringps.sim.engine import Options, buckets
-from ringps.sim.predict import Progress, load_progress, simulate
+from ringps.sim.predict import Progress, load_calibration, load_progress, simulate
 from ringps.sim.workload import Workload, load_workload
 
 
@@ -37,8 +38,51 @@ def test_ring_allreduce_is_alpha_beta():
 def test_workload_times_from_flops_and_buckets_in_backward_order():
     w = toy()
     assert [l.forward_s + l.backward_s for l in w.layers] == pytest.approx([0.25, 0.75])
-    b = buckets(w, 25 * (1 << 20))
+    b = buckets(w, 1 << 20)
     assert b[0].sizes == [500_000] and b[0].ready == pytest.approx(0.5)  # the last layer's grads come first
+    whole = buckets(w, 25 * (1 << 20))  # 4 MB in all: one bucket, ready when the backward is done
+    assert [x.sizes for x in whole] == [[500_000, 500_000]] and whole[0].ready == pytest.approx(w.backward_s)
+
+
+def ddp_bucket_sizes(rank: int, world: int, caps: tuple[float, ...]) -> dict[float, list[int]]:
+    """The elements of each bucket DDP hands its comm hook, as ringps's DDP is built (an explicit
+    bucket_cap_mb), on the third step: after the rebuild in the backward's real order."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ringps.models import build_model
+
+    out = {}
+    for cap in caps:
+        torch.manual_seed(0)
+        seen: list[int] = []
+
+        def hook(state, bucket, seen=seen):
+            seen.append(bucket.buffer().numel())
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp = DDP(build_model("facenet", (1, 112, 92), 40), bucket_cap_mb=cap, gradient_as_bucket_view=True)
+        ddp.register_comm_hook(None, hook)
+        for _ in range(3):
+            seen.clear()
+            F.cross_entropy(ddp(torch.randn(4, 1, 112, 92)), torch.randint(0, 40, (4,))).backward()
+        out[cap] = list(seen)
+    return out
+
+
+@pytest.mark.slow
+def test_sim_buckets_are_ddps():
+    """The simulator's buckets are DDP's own for the shipped facenet profile, at the default cap
+    and at the layer strategy's 1 MB: no 1 MB first bucket when the cap is given (it put the
+    classifier's last two layers in a bucket of their own, which ring-topk then priced apart)."""
+    w = load_workload("facenet")
+    real = run_ranks(ddp_bucket_sizes, 2, ((25.0, 1.0),))[0]
+    for cap, sizes in real.items():
+        assert [b.params for b in buckets(w, cap * (1 << 20))] == sizes, cap
+    assert len(real[25.0]) == 2  # the classifier's three layers, then the convolutions
 
 
 def test_a_slow_worker_holds_a_synchronous_step_and_makes_async_pushes_stale():
@@ -267,6 +311,28 @@ def test_time_to_accuracy_applies_the_sparse_factor_to_the_sparse_share_only():
     assert tta(1.0) == pytest.approx(200.0) and tta(None) == pytest.approx(200.0)
     assert tta(0.0) == pytest.approx(100.0)  # every bucket dense: dense training's steps
     assert tta(0.5) == pytest.approx(100 / 0.75)
+
+
+def test_ring_topk_sending_every_bucket_in_16_bits_is_fp16_ddp():
+    """Where ring-topk's cost model sends every bucket whole in 16 bits (facenet, 4 workers at
+    1 Gbit/s, this machine's compute), it runs fp16 DDP's all-reduce and makes its update: the
+    same step, bytes and time to the target (measured: 0.467 against 0.465 s a step, 21.51
+    against 21.39 MB, the same steps to 90% per seed at 2 workers). It used to price the bucket's
+    casts on top, put the classifier's last layers in a 1 MB bucket of their own (sent in 32
+    bits) and give the bucket a dense fp32 step's progress: 1.15x fp16's time."""
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="1gbit", compute_scale=4.0, shared_cores=2)
+    prog = load_progress(None)
+    fp16, rt = (simulate(s, w, c, Options(), prog, steps=12) for s in ("fp16", "ring-topk"))
+    assert rt.extra["sparse_share"] == 0.0 and rt.extra["dense_as"] == {"fp16": 10_618_368}
+    assert rt.step_s == pytest.approx(fp16.step_s, rel=0.01)
+    assert rt.bytes_per_step == pytest.approx(fp16.bytes_per_step, rel=0.01)  # the convolutions' 56k in fp32
+    assert rt.extra["time_to_accuracy_s"] == pytest.approx(fp16.extra["time_to_accuracy_s"], rel=0.01)
+    # the progress of a bucket sent whole is the factor of the DDP strategy it equals
+    from ringps.sim.predict import Prediction, time_to_accuracy
+    p = Progress(dense_steps=100, workers_ref=4, factor={"fp16": 1.25, "ring-topk": 0.5})
+    half = Prediction("ring-topk", 4, 1.0, 0.5, 0.5, 0.0, 0.5, {"sparse_share": 0.5, "dense_as": {"fp16": 10}})
+    assert time_to_accuracy(half, w, p) == pytest.approx(100 / (0.5 * 0.5 + 0.5 * 1.25))
 
 
 def test_the_simulated_cost_model_weighs_compute_as_the_hook_does():
@@ -505,6 +571,9 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     tta = {r["strategy"]: r["time_to_accuracy_s"] for r in plan["ranking"]}
     # fp16's shipped factor (1.083: fewer steps than allreduce's) survives the file's own factors
     assert tta["fp16"] < tta["allreduce"] and tta["powersgd (powersgd_rank=4)"] > tta["fp16"]
+    # the shipped factors stand in where the file fitted none, its own win
+    merged = load_calibration(str(cal), "--auto-calibration")
+    assert merged.factor["powersgd"] == 0.9 and merged.factor["topk-allgather"] == load_progress(None).factor["topk-allgather"]
     # `ringps plan --auto --here` prints the choice `ringps train --strategy auto` makes with the same flags
     out = subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", "--here", "--workers", "4", "--net", "1gbit",
                           "--calibration", str(cal)], capture_output=True, text=True, timeout=120)

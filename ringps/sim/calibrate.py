@@ -312,7 +312,8 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
             if not (base and m.steps_to_target) or strategy.startswith("ps-"):
                 continue
             r, share = base / m.steps_to_target, m.extra.get("sparse_share")
-            if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor)
+            if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor), the
+                # dense remainder taken at allreduce's progress (predict.py gives a 16-bit one fp16's)
                 if share < 0.5:  # mostly dense: says little about a sparse step
                     continue
                 r = 1 - (1 - r) / share

@@ -8,7 +8,8 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   local steps between averages: measured as the ratio of steps to the target); for ring-topk the
   factor is a sparse step's, its chosen exchanges' own (`Exchange.progress`) unless the progress
   file names one, applied to the share of its selectable parameters the cost model sends sparse
-  (1 - share x (1 - factor)): buckets it sends dense progress as dense ones;
+  (share x factor + (1 - share) x dense): buckets it sends whole progress as the DDP strategy
+  whose all-reduce that is (fp32: allreduce's factor, 16 bits: fp16's);
 - an asynchronous push is one worker's batch, worth 1 / N of a dense step, times
   1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing.
 """
@@ -91,7 +92,11 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
     if "sparse_share" in pred.extra:  # a sparse step's factor; buckets sent dense progress as dense ones
         if pred.strategy not in prog.factor:  # ring-topk: its chosen exchanges' own (Exchange.progress)
             factor = pred.extra.get("sparse_progress", 1.0)
-        factor = 1 - pred.extra["sparse_share"] * (1 - factor)
+        # a bucket sent whole makes DDP's update (fp32: allreduce's, 16 bits: fp16's): its factor
+        as_ddp = pred.extra.get("dense_as", {})
+        whole = sum(prog.steps_factor(s) * v for s, v in as_ddp.items()) / sum(as_ddp.values()) if as_ddp else 1.0
+        share = pred.extra["sparse_share"]
+        factor = share * factor + (1 - share) * whole
     steps = max(1.0, dense * prog.workers_ref / n / factor)  # past the linear-scaling regime: one step at least
     warm = min(steps, pred.extra.get("warmup_steps", 0))
     return warm * pred.extra.get("warmup_step_s", pred.step_s) + (steps - warm) * pred.step_s
