@@ -111,13 +111,14 @@ class Comm(NamedTuple):
     selection could have sent sparse (ring-topk's sparse share, which scales its progress per
     step: predict.time_to_accuracy), and small tensors deferred to the step's one fused message."""
 
-    secs: float
+    secs: float  # on the link (and the collective's own latency)
     sent: float
     sparse: int = 0
     selectable: int = 0
     deferred: int = 0
     progress: float = 1.0  # of a step through the chosen exchange, relative to a dense one
     dense_as: str = ""  # a whole bucket sent dense: the DDP strategy whose update it makes (its progress)
+    cpu: float = 0.0  # the exchange's own CPU (selection, packing, scatter-adds) on the worker's cores
 
 
 def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float,
@@ -142,7 +143,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         if not large:
             return Comm(t_small, ring_bytes(small, n))
         cpu = price("allgather", large, k, n, p).cpu_s
-        return Comm(allgather_s(k * 8, c) + cpu + t_small, (n - 1) * k * 8 + ring_bytes(small, n), large, large)
+        return Comm(allgather_s(k * 8, c) + t_small, (n - 1) * k * 8 + ring_bytes(small, n), large, large, cpu=cpu)
     if not large:  # ring-topk: small tensors wait for the step's fused message
         return Comm(0.0, 0.0, deferred=small)
     name, _ = choose_exchange(large, k, n, p, overlap, compute_s=compute_per_param * large,
@@ -156,7 +157,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         vb = ex.wire_bytes(o.value_bytes)
         return Comm(allreduce_s(b.params * vb, c), ring_bytes(b.params, n, vb), 0, large,
                     dense_as="allreduce" if vb == 4 else "fp16")
-    return Comm(cost.wire_s + cost.cpu_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress))
+    return Comm(cost.wire_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress), cpu=cost.cpu_s)
 
 
 def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,
@@ -196,7 +197,9 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     # the CPU that moving the bytes costs (system calls, the collective's copies and sums), sent and
     # received alike, on the cores the workers compute on: after the backward, beside the last
     # collectives (where the step waits on the link it hides, where it waits on the cores it adds)
-    own_cpu = o.extra_cpu_s + c.cpu_per_byte * 2 * sent_per_step
+    # and the exchanges' own CPU (selection, packing, scatter-adds): the communication thread's work
+    # takes the cores from the backward, as the hook's cost model counts it (cpu_share 1)
+    own_cpu = o.extra_cpu_s + c.cpu_per_byte * 2 * sent_per_step + sum(x.cpu for x in comm)
     ends, computes = [], []
     last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
 
