@@ -1,4 +1,5 @@
-"""Shared test helpers: spawn N gloo ranks in fresh processes, each with a timeout.
+"""Shared test helpers: spawn N gloo ranks in fresh processes, each with a timeout; run the CLI in
+this process (`cli_here`).
 
     results = run_ranks(fn, world=3, args=(...))   # fn(rank, world, *args) -> picklable value
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import socket
 import traceback
 from datetime import timedelta
@@ -73,3 +75,20 @@ def run_ranks(fn: Callable, world: int, args: tuple = (), timeout: float = 120.0
             if p.is_alive():
                 p.kill()
     return [results[r] for r in range(world)]
+
+
+def cli_here(capsys, *args: str) -> tuple[int, str]:
+    """`ringps ARGS` run by its own `main` in this process: its exit code and what it wrote to
+    stderr, without a fresh interpreter importing torch (~4 s each here). Keep a few cases as real
+    processes too, for what only a process shows (warnings at import, the exit status)."""
+    from ringps.cli.main import main
+
+    capsys.readouterr()
+    term = signal.getsignal(signal.SIGTERM)  # main makes SIGTERM clean up like Ctrl-C
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    return code, capsys.readouterr().err

