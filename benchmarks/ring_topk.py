@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--contenders", default=None, help=f"default: {','.join(PEERS)} ({','.join(HETERO)} for "
                    "hetero-100mbit); NAME+key=value for a variant (diloco+local_period=4)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + repeats - 1 "
+                   "(more seeds of a finished run, into a folder of their own)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--extra", default="", help="more options for every run, as key=value,key=value "
@@ -49,10 +51,11 @@ def main() -> None:
     for s in args.settings.split(","):
         spec = args.contenders or ",".join(HETERO if s == "hetero-100mbit" else PEERS)
         out, res = run_matrix("ring-topk", {s: SETTINGS[s]}, contenders_from(spec, lambda c: {"strategy": c, **OWN_OPTIONS.get(c, {})}),
-                              args.repeats, common, out)
+                              args.repeats, common, out, args.first_seed)
         results.update(res)
     lines = [f"ring-topk benchmark: facenet / orl-faces / 4 workers / {args.epochs} epochs / target "
-             f"{args.target:.0%} / {args.repeats} repeats (seeds 0..{args.repeats - 1}), medians [min..max]"]
+             f"{args.target:.0%} / {args.repeats} repeats (seeds {args.first_seed}..{args.first_seed + args.repeats - 1}), "
+             "medians [min..max]"]
     for s, runs in results.items():
         console.print(table(f"{s}: ratios to allreduce", runs, "allreduce"))
         checks = []
