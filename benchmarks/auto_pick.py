@@ -53,7 +53,8 @@ def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str],
     """`auto`'s pick (a contender running --strategy auto) against the best measured contender, and
     the order it predicted against the measured one."""
     lines, checks = [], []
-    picks = sorted({p["chosen"] for p in plans(runs[auto])})
+    auto_plans = plans(runs[auto])
+    picks = sorted({p["chosen"] for p in auto_plans})
     measured = {c: med(rs, "time_to_accuracy_s") for c, rs in runs.items() if not c.startswith("auto")}
     reached = {c: t for c, t in measured.items() if t is not None}
     auto_t = med(runs[auto], "time_to_accuracy_s")
@@ -67,8 +68,8 @@ def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str],
         for pick in {p.split(" (")[0] for p in picks} & set(reached):
             lines.append(f"{cell}: {auto}'s pick {pick}, measured as a contender: {reached[pick]:.1f}s, "
                          f"{reached[pick] / reached[best]:.2f}x the best ({best})")
-    ranking = {e["strategy"]: e["time_to_accuracy_s"] for e in plans(runs[auto])[0]["ranking"]}
-    predicted = [e["time_to_accuracy_s"] for p in plans(runs[auto]) for e in p["ranking"] if e["strategy"] == p["chosen"]]
+    ranking = {e["strategy"]: e["time_to_accuracy_s"] for e in auto_plans[0]["ranking"]}
+    predicted = [e["time_to_accuracy_s"] for p in auto_plans for e in p["ranking"] if e["strategy"] == p["chosen"]]
     if auto_t is not None and all(predicted):  # how far the pick's own run lies from what was predicted for it
         lines.append(f"{cell}: {auto} predicted its pick at {' / '.join(f'{t:.1f}' for t in predicted)}s to the "
                      f"target; its runs took {auto_t:.1f}s (median): {auto_t / statistics.median(predicted):.2f}x")

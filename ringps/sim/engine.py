@@ -154,9 +154,8 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         # priced as DDP's own all-reduce of it (allreduce, fp16), whose casts, copies and sums the
         # CPU per byte carries for every strategy alike; measured, a step of ring-topk sending every
         # bucket in 16 bits is fp16 DDP's (0.467 against 0.465 s, 2 workers at 1 Gbit/s, 3 seeds)
-        vb = ex.wire_bytes(o.value_bytes)
-        return Comm(allreduce_s(b.params * vb, c), ring_bytes(b.params, n, vb), 0, large,
-                    dense_as="allreduce" if vb == 4 else "fp16")
+        ddp = "allreduce" if ex.wire_bytes(o.value_bytes) == 4 else "fp16"
+        return bucket_comm(ddp, b, c, o, overlap)._replace(selectable=large, dense_as=ddp)
     return Comm(cost.wire_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress), cpu=cost.cpu_s)
 
 
