@@ -209,6 +209,10 @@ class CompressConfig(Section):
     dense_below: int = Field(1 << 17, ge=0, description="tensors with fewer entries go dense, fused into one message")
     block: int = Field(256, ge=1, description="shared-index: entries per block")
     clip_norm: float = Field(0.0, ge=0, description="local gradient clipping (DGC); 0: off")
+    memory_units: Literal["gradient", "update"] = Field(
+        "gradient", description="ring-topk's memory: gradient: what it holds back is applied at the lr of the step "
+        "that sends it; update: at the lr of the step that computed it (Stich et al. 2018's Mem-SGD; rescaled when the "
+        "lr moves; no accuracy gain measured here, docs/RESULTS.md)")
     sparse_progress: Optional[float] = Field(
         None, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one, for every sparse "
         "exchange; default: each exchange's own, measured (shared-index 0.65, allgather and sparse-rs 0.79: "

@@ -212,3 +212,47 @@ def test_sixteen_bit_values_keep_replicas_identical_and_close(exchange, dtype):
         # later the rounding left out of the residual may change a few picks
         assert (ref - full).norm() < 0.05 * full.norm()
     assert res[0][dtype][1] < 0.8 * res[0]["fp32"][1]  # fewer bytes on the wire
+
+
+def lr_memory_updates(rank, world, units, memory):
+    """w's update over three steps of a constant gradient [3, 2, 1], top-1, the lr 1.0, 0.5, 0.5."""
+    from ringps.hooks import RingTopkState, ring_topk_hook
+
+    model = Two(3, 1)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    state = RingTopkState(density=0.34, exchange="allgather", memory=memory, dense_below=2, selector="topk",
+                          memory_units=units).bind(model, opt)
+    ddp.register_comm_hook(state, ring_topk_hook)
+    out = []
+    for lr in (1.0, 0.5, 0.5):
+        opt.param_groups[0]["lr"] = lr
+        model.zero_grad()
+        ddp(torch.tensor([3.0, 2.0, 1.0]), torch.ones(1)).backward()
+        out.append(model.w.grad.tolist())
+    saved = state.state_dict()
+    state.close()
+    return out, saved["memory_lr"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("units, expected", [
+    # update units (Mem-SGD): the residual [0, 2, 1] held at lr 1 counts double at lr 0.5:
+    # [0, 4, 2] + [3, 2, 1] sends 6 (moves 3.0 = 1.0 x 2 + 0.5 x 2), then [3, 0, 3] + [3, 2, 1] sends 6
+    ("update", [[3, 0, 0], [0, 6, 0], [6, 0, 0]]),
+    # gradient units: [0, 2, 1] + [3, 2, 1] sends 4 (moves 2.0: the held-back 2 at half its lr)
+    ("gradient", [[3, 0, 0], [0, 4, 0], [6, 0, 0]]),
+])
+def test_memory_in_update_units_applies_a_held_back_gradient_at_its_own_lr(units, expected):
+    for updates, memory_lr in run_ranks(lr_memory_updates, 2, (units, "ef")):
+        assert updates == expected
+        assert memory_lr == ({"w": 0.5} if units == "update" else {})
+
+
+@pytest.mark.slow
+def test_dgc_memory_in_update_units_rescales_the_velocity_not_the_momentum():
+    # u = 0.9 u + g, v += u: step 1 u = v = [3, 2, 1], sends 3 -> u = v = [0, 2, 1]; step 2 (lr 0.5):
+    # v = 2 x [0, 2, 1] + u, u = [3, 3.8, 1.9] -> v = [3, 7.8, 3.9]: sends 7.8
+    updates, _ = run_ranks(lr_memory_updates, 2, ("update", "dgc"))[0]
+    assert updates[0] == [3, 0, 0] and updates[1][0] == 0 and updates[1][2] == 0
+    assert updates[1][1] == pytest.approx(7.8)

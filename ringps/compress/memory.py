@@ -74,6 +74,13 @@ class Memory:
         """Forget what was sent: `sent` are the flat positions that went out (None: all)."""
         raise NotImplementedError
 
+    def rescale(self, name: str, factor: float) -> None:
+        """Multiply what is held back (not momentum) by `factor`: the learning rate moved, and the
+        memory stays in update units (the hook's to_units_of_lr)."""
+        buf = self.buffers.get(name, {}).get(self.acc_kind)
+        if buf is not None:
+            buf.mul_(factor)
+
     # -- dense exchanges ----------------------------------------------------------------------
     def dense(self, name: str, avg: torch.Tensor) -> None:
         """After a plain all-reduce of a clean tensor's gradient: turn the average into the
@@ -168,6 +175,9 @@ class MomentumCorrection(Memory):
 class NoMemory(Memory):
     def is_clean(self, name: str) -> bool:
         return True
+
+    def rescale(self, name: str, factor: float) -> None:
+        pass  # what it holds is this step's gradient only
 
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         return self._buf(name, "residual", grad).copy_(self.clip(grad))

@@ -10,7 +10,8 @@ order, and the backward pass goes on meanwhile):
   - small tensors (biases, small conv kernels): deferred, and all-reduced dense in one fused
     message with the last bucket (one latency per step instead of one per tensor).
 The exchange is the cost model's choice per bucket ("auto"), or forced (`exchange=`). Every rank
-applies the same averaged update, so replicas stay bitwise identical.
+applies the same averaged update, so replicas stay bitwise identical. memory_units="update" keeps
+what the memory holds back in units of the update (Mem-SGD), rescaled when the optimizer's lr moves.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class RingTopkState:
         block: int = 256,
         momentum: float = 0.9,
         clip_norm: float = 0.0,
+        memory_units: str = "gradient",
         seed: int = 0,
         timeout: float = 300.0,
         cost: Optional[CostParams] = None,
@@ -69,7 +71,9 @@ class RingTopkState:
             EXCHANGES.get(exchange)
         if value_dtype not in VALUE_DTYPES:
             raise ValueError(f"value_dtype {value_dtype!r}: one of {', '.join(VALUE_DTYPES)}")
-        self.value_dtype = value_dtype
+        if memory_units not in ("update", "gradient"):
+            raise ValueError(f"memory_units {memory_units!r}: update or gradient")
+        self.value_dtype, self.memory_units = value_dtype, memory_units
         # hyper-parameters
         self.process_group = process_group
         self.schedule = DensitySchedule(density, warmup_steps)
@@ -86,6 +90,8 @@ class RingTopkState:
         # internal state
         self.iteration = 0
         self.names: dict[int, str] = {}  # id(param) -> name, for memory keys and checkpoints
+        self.groups: dict[int, dict] = {}  # id(param) -> its optimizer param group (the live lr)
+        self.memory_lr: dict[str, float] = {}  # name -> the lr its memory is in units of
         self.overlap: dict[int, float] = {}  # id(param) -> backward seconds left once its grad is ready
         self.plans: dict[tuple, str] = {}  # (bucket signature, k) -> exchange name
         self.exchanges: dict[str, Exchange] = {}  # name -> the exchange (state kept per tensor, e.g. block scores)
@@ -113,16 +119,20 @@ class RingTopkState:
         kw = dict(density=c.density, warmup_steps=int(round(c.density_warmup_epochs * steps_per_epoch)),
                   selector=c.selector, memory=c.memory, exchange=c.exchange, dense_below=c.dense_below, block=c.block,
                   momentum=cfg.train.momentum, clip_norm=c.clip_norm, seed=cfg.run.seed, progress=c.sparse_progress,
-                  value_dtype=c.value_dtype)
+                  value_dtype=c.value_dtype, memory_units=c.memory_units)
         return cls(process_group=process_group, timeout=timeout, **{**kw, **overrides})
 
     # -- set-up --------------------------------------------------------------------------
-    def bind(self, model: torch.nn.Module) -> "RingTopkState":
+    def bind(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> "RingTopkState":
         """Key memories by parameter name (stable across DDP's bucket rebuild and checkpoints).
-        Takes the model or its DDP wrapper; without it the names are found at first use."""
+        Takes the model or its DDP wrapper; without it the names are found at first use. The
+        optimizer gives each tensor's learning rate (memory_units="update"); without it the
+        optimizer that holds the parameters is found at first use."""
         model = getattr(model, "module", model)  # DDP -> the user's module: names without "module."
         self.names = {id(p): n for n, p in model.named_parameters()}
         self.model_numel = sum(p.numel() for p in model.parameters())
+        if optimizer is not None:
+            self.groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         return self
 
     def _find_names(self, params: list[torch.Tensor]) -> None:
@@ -138,12 +148,27 @@ class RingTopkState:
                 self.bind(obj.module)
                 return
 
+    def _find_optimizer(self, params: list[torch.Tensor]) -> None:
+        """The optimizer that steps these parameters, found once (none bound): its param groups
+        carry the learning rate the memory's units follow."""
+        import gc
+
+        ids = {id(p) for p in params}
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.optim.Optimizer) and any(id(p) in ids for g in obj.param_groups for p in g["params"]):
+                self.groups = {id(p): g for g in obj.param_groups for p in g["params"]}
+                return
+        log.warning("ringps: no optimizer holds these parameters; the memory stays in gradient units "
+                    "(bind(model, optimizer) to keep it in update units)")
+
     def first_use(self, params: list[torch.Tensor]) -> None:
         """What needs the process group and the DDP model, done on the first bucket (on every
         rank in the same order, so the link probe is a collective they all join)."""
         self._ready = True
         if not any(id(p) in self.names for p in params):
             self._find_names(params)
+        if self.memory_units == "update" and not any(id(p) in self.groups for p in params):
+            self._find_optimizer(params)
         self.memory.workers = self.ring.size  # local clipping: clip / sqrt(N)
         if self.cost is None and self.exchange_name == "auto":
             from ringps.comm.probe import measured_cost_params
@@ -159,7 +184,7 @@ class RingTopkState:
         """Picklable (frameworks that spawn workers send the state along): no thread, ring,
         process group or parameter ids travel; they are rebuilt at first use."""
         state = dict(self.__dict__)
-        state.update(_thread=None, _ring=None, process_group=None, names={}, _ready=False, deferred=[], _flat={})
+        state.update(_thread=None, _ring=None, process_group=None, names={}, groups={}, _ready=False, deferred=[], _flat={})
         return state
 
     def summary(self) -> str:
@@ -200,7 +225,7 @@ class RingTopkState:
         on every rank (a collective), returns every rank's, for a checkpoint that only rank 0
         writes (Lightning's default): `load_state_dict` then takes its own rank's part."""
         gen = self._generator()
-        own = {"iteration": self.iteration, "memory": self.memory.state_dict(),
+        own = {"iteration": self.iteration, "memory": self.memory.state_dict(), "memory_lr": dict(self.memory_lr),
                "selector_rng": gen.get_state() if gen is not None else None,
                "exchanges": {name: ex.state_dict() for name, ex in self.exchanges.items()}}
         if not all_ranks:
@@ -221,6 +246,7 @@ class RingTopkState:
             state = state["ranks"][self.ring.rank]
         self.iteration = state["iteration"]
         self.memory.load_state_dict(state["memory"])
+        self.memory_lr = dict(state.get("memory_lr", {}))
         self._flat.clear()  # re-place the loaded buffers into fresh flat accumulators
         self.exchanges.clear()
         for name, saved in state.get("exchanges", {}).items():
@@ -304,6 +330,10 @@ class RingTopkState:
             self.first_use(params)
         named = [(self.name_of(index, i, p), g) for i, (g, p) in enumerate(zip(grads, params))]
         large = [(n, g) for n, g in named if g.numel() >= self.dense_below]
+        if self.memory_units == "update":
+            for (tname, g), p in zip(named, params):
+                if g.numel() >= self.dense_below:
+                    self.to_units_of_lr(tname, p)
         small = [(n, g) for n, g in named if g.numel() < self.dense_below]
         if not large:
             return small, None
@@ -334,6 +364,20 @@ class RingTopkState:
                 lo, hi = torch.searchsorted(sent, torch.tensor([seg.offset, seg.offset + seg.numel])).tolist()
                 self.memory.update(tname, sent[lo:hi] - seg.offset)
         return small, None
+
+    def to_units_of_lr(self, name: str, param: torch.Tensor) -> None:
+        """Keep the memory in update units (Stich et al. 2018, Mem-SGD: m + lr * g): what was held
+        back at the lr of its step is applied at that lr when it is sent, not at the lr of the step
+        that sends it. The memory is kept in gradient units of the current lr, so when the lr moves
+        (warm-up, cosine decay) it is rescaled by old lr / new lr before the new gradient joins."""
+        group = self.groups.get(id(param))
+        lr = float(group["lr"]) if group is not None else 0.0
+        if lr <= 0.0:  # no lr (or a zero one): keep the units the memory has
+            return
+        last = self.memory_lr.get(name)
+        self.memory_lr[name] = lr
+        if last and last != lr and not self.memory.is_clean(name):
+            self.memory.rescale(name, last / lr)
 
     def dense_bucket(self, buffer: torch.Tensor, named: list, large: list, small: list, dtype: torch.dtype
                      ) -> tuple[list[tuple[str, torch.Tensor]], Optional[torch.futures.Future]]:

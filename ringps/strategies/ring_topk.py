@@ -36,7 +36,7 @@ class RingTopk(DDPStrategy):
         return RingTopkState.from_config(self.cfg, ctx.steps_per_epoch, ctx.group, ctx.timeout, **overrides)
 
     def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
-        state = self.make_state(ctx).bind(self.model)
+        state = self.make_state(ctx).bind(self.model, self.optimizer)
         if state.exchange_name == "auto":
             state.cost = measured_cost_params(ctx.group)
             b = ctx.sample_batch
