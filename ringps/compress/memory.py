@@ -176,9 +176,6 @@ class NoMemory(Memory):
     def is_clean(self, name: str) -> bool:
         return True
 
-    def rescale(self, name: str, factor: float) -> None:
-        pass  # what it holds is this step's gradient only
-
     def compensate(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         return self._buf(name, "residual", grad).copy_(self.clip(grad))
 

@@ -135,29 +135,32 @@ class RingTopkState:
             self.groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         return self
 
-    def _find_names(self, params: list[torch.Tensor]) -> None:
-        """The DDP module that owns these parameters, found once (bind() was not called, or this
-        state was pickled into another process, where parameter ids mean nothing)."""
+    @staticmethod
+    def _owner(params: list[torch.Tensor], kind: type, params_of) -> Any:
+        """The first live object of `kind` whose `params_of(obj)` holds one of these parameters
+        (bind() was not called, or this state was pickled into another process, where parameter
+        ids mean nothing); None if there is none."""
         import gc
 
+        ids = {id(p) for p in params}
+        return next((o for o in gc.get_objects() if isinstance(o, kind) and any(id(p) in ids for p in params_of(o))),
+                    None)
+
+    def _find_names(self, params: list[torch.Tensor]) -> None:
+        """Names from the DDP module that owns these parameters, found once."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ids = {id(p) for p in params}
-        for obj in gc.get_objects():
-            if isinstance(obj, DDP) and any(id(p) in ids for p in obj.module.parameters()):
-                self.bind(obj.module)
-                return
+        ddp = self._owner(params, DDP, lambda o: o.module.parameters())
+        if ddp is not None:
+            self.bind(ddp.module)
 
     def _find_optimizer(self, params: list[torch.Tensor]) -> None:
-        """The optimizer that steps these parameters, found once (none bound): its param groups
-        carry the learning rate the memory's units follow."""
-        import gc
-
-        ids = {id(p) for p in params}
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.optim.Optimizer) and any(id(p) in ids for g in obj.param_groups for p in g["params"]):
-                self.groups = {id(p): g for g in obj.param_groups for p in g["params"]}
-                return
+        """The optimizer that steps these parameters, found once: its param groups carry the
+        learning rate the memory's units follow."""
+        opt = self._owner(params, torch.optim.Optimizer, lambda o: (p for g in o.param_groups for p in g["params"]))
+        if opt is not None:
+            self.groups = {id(p): g for g in opt.param_groups for p in g["params"]}
+            return
         log.warning("ringps: no optimizer holds these parameters; the memory stays in gradient units "
                     "(bind(model, optimizer) to keep it in update units)")
 
@@ -330,10 +333,10 @@ class RingTopkState:
             self.first_use(params)
         named = [(self.name_of(index, i, p), g) for i, (g, p) in enumerate(zip(grads, params))]
         large = [(n, g) for n, g in named if g.numel() >= self.dense_below]
+        large_params = [p for g, p in zip(grads, params) if g.numel() >= self.dense_below]
         if self.memory_units == "update":
-            for (tname, g), p in zip(named, params):
-                if g.numel() >= self.dense_below:
-                    self.to_units_of_lr(tname, p)
+            for (tname, _), p in zip(large, large_params):
+                self.to_units_of_lr(tname, p)
         small = [(n, g) for n, g in named if g.numel() < self.dense_below]
         if not large:
             return small, None
@@ -344,7 +347,7 @@ class RingTopkState:
             segments.append(Segment(offset, g.numel(), self.schedule.k(g.numel(), step), zlib.crc32(tname.encode()), tname,
                                     g.view(-1)))
             offset += g.numel()
-        overlap = min(self.overlap.get(id(p), 0.0) for g, p in zip(grads, params) if g.numel() >= self.dense_below)
+        overlap = min(self.overlap.get(id(p), 0.0) for p in large_params)
         name = self.plan(segments, overlap)
         self.chosen[name] = self.chosen.get(name, 0) + 1
         ex = self.exchange(name)
