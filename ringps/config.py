@@ -213,6 +213,12 @@ class CompressConfig(Section):
         "gradient", description="ring-topk's memory: gradient: what it holds back is applied at the lr of the step "
         "that sends it; update: at the lr of the step that computed it (Stich et al. 2018's Mem-SGD; rescaled when the "
         "lr moves; no accuracy gain measured here, docs/RESULTS.md)")
+    exact_tail: float = Field(
+        0.4, ge=0, lt=1, description="ring-topk: the run's last fraction of steps, in which shared-index gives way "
+        "to every rank's own top k (allgather, or whichever sparse exchange exchange=auto prices lowest among "
+        "those as faithful): its common blocks carry less of each rank's gradient, and what the memory holds "
+        "back leaves exactly before the run ends (0.4: after the target at 100 Mbit/s, docs/RESULTS.md). "
+        "0: the exchange stays to the end")
     sparse_progress: Optional[float] = Field(
         None, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one, for every sparse "
         "exchange; default: each exchange's own, measured (shared-index 0.65, allgather and sparse-rs 0.79: "

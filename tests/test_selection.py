@@ -256,3 +256,60 @@ def test_dgc_memory_in_update_units_rescales_the_velocity_not_the_momentum():
     updates, _ = run_ranks(lr_memory_updates, 2, ("update", "dgc"))[0]
     assert updates[0] == [3, 0, 0] and updates[1][0] == 0 and updates[1][2] == 0
     assert updates[1][1] == pytest.approx(7.8)
+
+
+def tail_case(rank, world, exchange, steps, tail_from_step):
+    """Per step: the update the hook hands DDP, and what every rank's memory held before the step
+    (gathered), for a run whose last steps are its exact tail."""
+    import torch.distributed as dist
+
+    from ringps.cost import CostParams
+    from ringps.hooks import RingTopkState, ring_topk_hook
+
+    n, m = 1000, 4
+    model = Two(n, m)
+    ddp = DDP(model)
+    # a link slow enough that auto sends shared-index's one block of 50 (with its 20 block scores,
+    # 280 bytes) before each rank's own 50 (400 bytes); the tail may not
+    state = RingTopkState(density=0.05, exchange=exchange, dense_below=m + 1, block=50, selector="topk",
+                          total_steps=steps, exact_tail=1 - tail_from_step / steps, compute_s=0.0,
+                          cost=CostParams(bandwidth=1e3, latency=1e-3)).bind(model)
+    ddp.register_comm_hook(state, ring_topk_hook)
+    out = []
+    for t in range(steps):
+        held = state.memory.buffers["w"]["residual"].clone() if "w" in state.memory.buffers else torch.zeros(n)
+        every = [torch.empty(n) for _ in range(world)]
+        dist.all_gather(every, held)
+        x = torch.randn(n, generator=torch.Generator().manual_seed(100 * rank + t)) * torch.linspace(0.1, 3, n)
+        model.zero_grad()
+        ddp(x, torch.zeros(m)).backward()
+        out.append((model.w.grad.clone(), every))
+    state.close()
+    return out, dict(state.chosen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exchange", ["shared-index", "auto"])
+def test_exact_tail_sends_every_ranks_own_top_k_for_the_last_steps(exchange):
+    """From the tail's first step on, each rank sends the exact top k of its own accumulation
+    (residual + gradient), summed and averaged, whatever shared-index did before; before it, the
+    forced or cost-chosen shared-index's common blocks."""
+    world, steps, tail_from, k = 2, 6, 3, 50
+    res = run_ranks(tail_case, world, (exchange, steps, tail_from))
+    updates, chosen = res[0]
+    assert chosen.get("shared-index") == tail_from and chosen.get("allgather", 0) + chosen.get("sparse-rs", 0) == 3, chosen
+    for t in range(steps):
+        accs = [updates[t][1][r] + torch.randn(1000, generator=torch.Generator().manual_seed(100 * r + t))
+                * torch.linspace(0.1, 3, 1000) for r in range(world)]
+        if t >= tail_from:
+            want = torch.zeros(1000)
+            for a in accs:
+                top = torch.topk(a.abs(), k).indices
+                want[top] += a[top]
+            assert torch.allclose(updates[t][0], want / world, atol=1e-5), t
+        else:  # one common block of 50, the same positions for every rank
+            sent = torch.nonzero(updates[t][0]).flatten()
+            assert sent.numel() == k and sent[0] % 50 == 0 and torch.equal(sent, sent[0] + torch.arange(k))
+            assert torch.allclose(updates[t][0][sent], sum(accs)[sent] / world, atol=1e-5), t
+    for u, _ in res[1:]:
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(u, updates))  # every rank applies the same

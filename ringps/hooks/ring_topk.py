@@ -27,7 +27,15 @@ import torch
 import torch.distributed as dist
 
 from ringps import trace
-from ringps.comm.exchanges import EXCHANGES, VALUE_DTYPES, Exchange, Segment, build_exchange, choose_exchange
+from ringps.comm.exchanges import (
+    EXCHANGES,
+    VALUE_DTYPES,
+    Exchange,
+    Segment,
+    auto_candidates,
+    build_exchange,
+    choose_exchange,
+)
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
 from ringps.comm.thread import CommThread
@@ -62,6 +70,8 @@ class RingTopkState:
         progress: Optional[float] = None,
         compute_s: Optional[float] = None,
         value_dtype: str = "fp32",
+        total_steps: Optional[int] = None,
+        exact_tail: float = 0.0,
     ):
         if not 0.0 <= density <= 1.0:
             raise ValueError(f"density {density}: must be in [0, 1]")
@@ -71,6 +81,8 @@ class RingTopkState:
             EXCHANGES.get(exchange)
         if value_dtype not in VALUE_DTYPES:
             raise ValueError(f"value_dtype {value_dtype!r}: one of {', '.join(VALUE_DTYPES)}")
+        if not 0.0 <= exact_tail < 1.0:
+            raise ValueError(f"exact_tail {exact_tail}: a fraction of the run's steps, in [0, 1)")
         if memory_units not in ("update", "gradient"):
             raise ValueError(f"memory_units {memory_units!r}: update or gradient")
         self.value_dtype, self.memory_units = value_dtype, memory_units
@@ -86,6 +98,9 @@ class RingTopkState:
         # auto's price of sparse updates: the progress a sparse step makes relative to a dense
         # one, and the step's compute (seconds; its share per bucket goes into the comparison)
         self.progress, self.compute_s = progress, compute_s  # compute_s None: measured over the first steps
+        # the run's last exact_tail of its total_steps: no exchange less faithful than the most
+        # faithful sparse one (shared-index's common blocks give way to every rank's own top k)
+        self.tail_from = int(total_steps * (1.0 - exact_tail)) if total_steps and exact_tail > 0 else None
         self.model_numel = 0
         # internal state
         self.iteration = 0
@@ -93,7 +108,7 @@ class RingTopkState:
         self.groups: dict[int, dict] = {}  # id(param) -> its optimizer param group (the live lr)
         self.memory_lr: dict[str, float] = {}  # name -> the lr its memory is in units of
         self.overlap: dict[int, float] = {}  # id(param) -> backward seconds left once its grad is ready
-        self.plans: dict[tuple, str] = {}  # (bucket signature, k) -> exchange name
+        self.plans: dict[tuple, str] = {}  # (bucket signature, k, in the exact tail) -> exchange name
         self.exchanges: dict[str, Exchange] = {}  # name -> the exchange (state kept per tensor, e.g. block scores)
         # per bucket of the step still open: its future, buffer, deferred small tensors, and the
         # future of its all-reduce where one is still in flight (a dense bucket, see dense_bucket)
@@ -119,7 +134,8 @@ class RingTopkState:
         kw = dict(density=c.density, warmup_steps=int(round(c.density_warmup_epochs * steps_per_epoch)),
                   selector=c.selector, memory=c.memory, exchange=c.exchange, dense_below=c.dense_below, block=c.block,
                   momentum=cfg.train.momentum, clip_norm=c.clip_norm, seed=cfg.run.seed, progress=c.sparse_progress,
-                  value_dtype=c.value_dtype, memory_units=c.memory_units)
+                  value_dtype=c.value_dtype, memory_units=c.memory_units, exact_tail=c.exact_tail,
+                  total_steps=cfg.train.steps or cfg.train.epochs * steps_per_epoch)
         return cls(process_group=process_group, timeout=timeout, **{**kw, **overrides})
 
     # -- set-up --------------------------------------------------------------------------
@@ -282,24 +298,42 @@ class RingTopkState:
                 self.decisions.clear()
         self._step_end = time.perf_counter()
 
-    def choose(self, sizes: tuple[int, ...], k: int, overlap_s: float) -> tuple[str, dict]:
+    def choose(self, sizes: tuple[int, ...], k: int, overlap_s: float,
+               candidates: Optional[tuple[str, ...]] = None) -> tuple[str, dict]:
         n = sum(sizes)
         share = (self.compute_s or 0.0) * n / self.model_numel if self.model_numel else 0.0
-        return choose_exchange(n, k, self.ring.size, self.cost, overlap_s, block=self.block, compute_s=share,
-                               progress=self.progress, value_bytes=VALUE_DTYPES[self.value_dtype].itemsize)
+        return choose_exchange(n, k, self.ring.size, self.cost, overlap_s, candidates=candidates, block=self.block,
+                               compute_s=share, progress=self.progress,
+                               value_bytes=VALUE_DTYPES[self.value_dtype].itemsize)
 
-    def plan(self, segments: list[Segment], overlap_s: float) -> str:
+    @staticmethod
+    def faithful() -> tuple[str, ...]:
+        """The exchanges the tail may use: whole-bucket ones and the sparse ones whose update
+        carries as much as any sparse one's (the highest progress: every rank's own top k)."""
+        sparse = [c for c in auto_candidates() if not EXCHANGES.get(c).whole]
+        best = max((EXCHANGES.get(c).progress for c in sparse), default=1.0)
+        return tuple(c for c in auto_candidates() if EXCHANGES.get(c).whole or EXCHANGES.get(c).progress >= best)
+
+    def plan(self, segments: list[Segment], overlap_s: float, step: int = 0) -> str:
+        """The bucket's exchange at this step: forced, or the cost model's choice (cached per
+        bucket layout and k). In the run's exact tail a forced exchange that carries less than
+        the most faithful sparse one gives way to it, and auto chooses among the faithful alone:
+        what the memory holds back leaves exactly before the run ends."""
+        tail = self.tail_from is not None and step >= self.tail_from
         if self.exchange_name != "auto":
-            return self.exchange_name
+            name = self.exchange_name
+            if tail and name not in self.faithful() and not EXCHANGES.get(name).whole:
+                return next(c for c in self.faithful() if not EXCHANGES.get(c).whole)
+            return name
         if self.compute_s is None:
             return "dense"  # until the step's compute is known: a sparse step is priced against it
         sizes, k = tuple(s.numel for s in segments), sum(s.k for s in segments)
-        if (sizes, k) not in self.plans:
-            self.plans[(sizes, k)] = self.choose(sizes, k, overlap_s)[0]
+        if (sizes, k, tail) not in self.plans:
+            self.plans[(sizes, k, tail)] = self.choose(sizes, k, overlap_s, self.faithful() if tail else None)[0]
             final = sum(self.schedule.k(n, 1 << 62) for n in sizes)
             if (sizes, final) not in self.decisions:  # what it will do once warmed up, for summary()
                 self.decisions[(sizes, final)] = self.choose(sizes, final, overlap_s)
-        return self.plans[(sizes, k)]
+        return self.plans[(sizes, k, tail)]
 
     def exchange(self, name: str) -> Exchange:
         """The exchange `name`, kept across steps (shared-index carries block scores per tensor)."""
@@ -348,7 +382,7 @@ class RingTopkState:
                                     g.view(-1)))
             offset += g.numel()
         overlap = min(self.overlap.get(id(p), 0.0) for p in large_params)
-        name = self.plan(segments, overlap)
+        name = self.plan(segments, overlap, step)
         self.chosen[name] = self.chosen.get(name, 0) + 1
         ex = self.exchange(name)
         if ex.whole:
