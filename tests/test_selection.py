@@ -289,19 +289,23 @@ def tail_case(rank, world, exchange, steps, tail_from_step):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exchange", ["shared-index", "auto"])
+@pytest.mark.parametrize("exchange", ["shared-index", "auto", "gloo-allgather"])
 def test_exact_tail_sends_every_ranks_own_top_k_for_the_last_steps(exchange):
     """From the tail's first step on, each rank sends the exact top k of its own accumulation
     (residual + gradient), summed and averaged, whatever shared-index did before; before it, the
-    forced or cost-chosen shared-index's common blocks."""
+    forced or cost-chosen shared-index's common blocks. A forced exchange as faithful as any
+    (gloo-allgather, the top-k all-gather peer's) is kept to the end."""
     world, steps, tail_from, k = 2, 6, 3, 50
     res = run_ranks(tail_case, world, (exchange, steps, tail_from))
     updates, chosen = res[0]
-    assert chosen.get("shared-index") == tail_from and chosen.get("allgather", 0) + chosen.get("sparse-rs", 0) == 3, chosen
+    if exchange == "gloo-allgather":
+        assert chosen == {"gloo-allgather": steps}
+    else:
+        assert chosen.get("shared-index") == tail_from and chosen.get("allgather", 0) + chosen.get("sparse-rs", 0) == 3, chosen
     for t in range(steps):
         accs = [updates[t][1][r] + torch.randn(1000, generator=torch.Generator().manual_seed(100 * r + t))
                 * torch.linspace(0.1, 3, 1000) for r in range(world)]
-        if t >= tail_from:
+        if t >= tail_from or exchange == "gloo-allgather":
             want = torch.zeros(1000)
             for a in accs:
                 top = torch.topk(a.abs(), k).indices

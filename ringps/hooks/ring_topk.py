@@ -308,10 +308,10 @@ class RingTopkState:
 
     @staticmethod
     def faithful() -> tuple[str, ...]:
-        """The exchanges the tail may use: whole-bucket ones and the sparse ones whose update
-        carries as much as any sparse one's (the highest progress: every rank's own top k)."""
-        sparse = [c for c in auto_candidates() if not EXCHANGES.get(c).whole]
-        best = max((EXCHANGES.get(c).progress for c in sparse), default=1.0)
+        """The exchanges auto may choose in the tail: whole-bucket ones and the sparse ones whose
+        update carries as much as any sparse one's (the highest progress: every rank's own top k)."""
+        sparse = [EXCHANGES.get(c).progress for c in auto_candidates() if not EXCHANGES.get(c).whole]
+        best = max(sparse, default=1.0)
         return tuple(c for c in auto_candidates() if EXCHANGES.get(c).whole or EXCHANGES.get(c).progress >= best)
 
     def plan(self, segments: list[Segment], overlap_s: float, step: int = 0) -> str:
@@ -321,10 +321,12 @@ class RingTopkState:
         what the memory holds back leaves exactly before the run ends."""
         tail = self.tail_from is not None and step >= self.tail_from
         if self.exchange_name != "auto":
-            name = self.exchange_name
-            if tail and name not in self.faithful() and not EXCHANGES.get(name).whole:
-                return next(c for c in self.faithful() if not EXCHANGES.get(c).whole)
-            return name
+            forced = EXCHANGES.get(self.exchange_name)
+            if tail and not forced.whole:
+                best = next(c for c in self.faithful() if not EXCHANGES.get(c).whole)
+                if forced.progress < EXCHANGES.get(best).progress:
+                    return best
+            return self.exchange_name
         if self.compute_s is None:
             return "dense"  # until the step's compute is known: a sparse step is priced against it
         sizes, k = tuple(s.numel for s in segments), sum(s.k for s in segments)
