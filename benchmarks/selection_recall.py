@@ -40,7 +40,7 @@ def blocks(si: SharedIndex, scores: torch.Tensor, n: int, k: int) -> torch.Tenso
     return si.pick([Segment(0, n, k, 0)], scores)[0]
 
 
-def select(rule: str, accs, grads, mem, state: dict, name: str, shape: tuple[int, int], k: int):
+def select(rule: str, accs, grads, state: dict, name: str, shape: tuple[int, int], k: int):
     """The positions each rank sends (a list, one per rank) and, for the predicting rules, what
     they keep for the next step's pick."""
     n = accs[0].numel()
@@ -110,7 +110,7 @@ def main() -> None:
                 mem = mems[rule][name]
                 accs = [mem[r] + grads[r][name] for r in range(N)]
                 g = [grads[r][name] for r in range(N)]
-                sent = select(rule, accs, g, mem, states[rule], name, (q.shape[0], n // q.shape[0]), k)
+                sent = select(rule, accs, g, states[rule], name, (q.shape[0], n // q.shape[0]), k)
                 update = torch.zeros(n)
                 for r in range(N):
                     mag = accs[r].abs()
