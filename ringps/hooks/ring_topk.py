@@ -9,7 +9,8 @@ order, and the backward pass goes on meanwhile):
     sum the selections over the ring with the bucket's exchange, keep the rest in the memory;
   - small tensors (biases, small conv kernels): deferred, and all-reduced dense in one fused
     message with the last bucket (one latency per step instead of one per tensor).
-The exchange is the cost model's choice per bucket ("auto"), or forced (`exchange=`). Every rank
+The exchange is the cost model's choice per bucket ("auto"), or forced (`exchange=`); in the run's
+last `exact_tail` of its `total_steps` shared-index gives way to every rank's own top k. Every rank
 applies the same averaged update, so replicas stay bitwise identical. memory_units="update" keeps
 what the memory holds back in units of the update (Mem-SGD), rescaled when the optimizer's lr moves.
 """
