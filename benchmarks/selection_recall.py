@@ -120,7 +120,7 @@ def main() -> None:
                         recall[rule].append(float(mag[top][hit].sum() / mag[top].sum()))
                     update[sent[r]] += accs[r][sent[r]]
                     mem[r].copy_(accs[r].index_fill_(0, sent[r], 0))
-                total = sum(a for a in [mem[r] for r in range(N)]) + update  # the summed accumulation
+                total = sum(mem) + update  # the summed accumulation (what stays + what was sent)
                 if step > 0:
                     ideal = torch.topk(total.abs(), k).values.square().sum()
                     energy[rule].append(float(update.square().sum() / ideal))
