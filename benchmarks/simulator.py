@@ -83,9 +83,10 @@ def grid(args) -> list[Path]:
                 settings[f"w{n}-{net}-slow"] = {"workers": n, "net": net, "slowdown": "1,1,2,4"}
         settings[f"w{n}-unshaped"] = {"workers": n}
     # steady state: the simulator predicts a strategy's step after its warm-up (PowerSGD's dense
-    # first steps, ring-topk's density ramp), and a short run would be mostly warm-up
+    # first steps, ring-topk's density ramp) and before ring-topk's exact tail, and a short run
+    # would be mostly warm-up and tail
     common = {"dataset": "orl-faces", "model": "facenet", "steps": args.steps, "target_accuracy": None, "eval_every": 1000,
-              "powersgd_start_iter": 2, "density_warmup_epochs": 0}
+              "powersgd_start_iter": 2, "density_warmup_epochs": 0, "exact_tail": 0}
     # every cell once before any twice: the repeats of a cell lie far apart in time
     first = args.first_repeat
     run_matrix("sim-grid", settings, REFERENCE | {s: {"strategy": s} for s in STRATEGIES}, args.repeats - first, common,

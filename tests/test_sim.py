@@ -9,6 +9,7 @@ import math
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from conftest import run_ranks
@@ -335,6 +336,45 @@ def test_ring_topk_sending_every_bucket_in_16_bits_is_fp16_ddp():
     assert time_to_accuracy(half, w, p) == pytest.approx(100 / (0.5 * 0.5 + 0.5 * 1.25))
 
 
+def test_ring_topks_exact_tail_is_priced_as_the_hook_runs_it():
+    """A run of known length ends in ring-topk's exact tail: from step int(total x (1 - tail)) the
+    cost model chooses among the faithful exchanges (the hook's own `faithful_candidates`), so
+    at 100 Mbit/s shared-index gives way to allgather there. Steps before the tail run at the
+    main step and progress, the rest at the tail's (hand-computed below); a run that reaches the
+    target before the tail, or whose length is not given, is priced as before."""
+    from ringps.sim.predict import time_to_accuracy
+
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="100mbit", shared_cores=2)
+    p = Progress(dense_steps=60, workers_ref=4)
+    plain = simulate("ring-topk", w, c, Options(density_warmup_epochs=0), p, steps=8)
+    long = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, total_steps=1000), p, steps=8)
+    short = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, total_steps=100), p, steps=8)
+    assert "tail" not in plain.extra and long.extra["tail_from_step"] == 600 and short.extra["tail_from_step"] == 60
+    assert plain.extra["sparse_progress"] == 0.65 and short.extra["tail"]["sparse_progress"] == 0.79  # allgather
+    tail = short.extra["tail"]
+    assert tail["bytes_per_step"] > 1.5 * short.bytes_per_step and tail["step_s"] > short.step_s
+    # 60 dense steps need 92.3 at shared-index's 0.65: past the tail's start at 100 steps
+    assert long.extra["time_to_accuracy_s"] == pytest.approx(plain.extra["time_to_accuracy_s"]) == pytest.approx(
+        60 / 0.65 * plain.step_s)
+    assert short.extra["time_to_accuracy_s"] == pytest.approx(60 * short.step_s + (60 - 60 * 0.65) / 0.79 * tail["step_s"])
+    # a progress file that names ring-topk's factor (measured on its main exchange) moves it in the
+    # tail by the exchanges' ratio
+    named = Progress(dense_steps=60, workers_ref=4, factor={"ring-topk": 0.5})
+    assert time_to_accuracy(short, w, named) == pytest.approx(60 * short.step_s + (60 - 30) / (0.5 * 0.79 / 0.65) * tail["step_s"])
+    # no tail: exact_tail 0
+    assert "tail" not in simulate("ring-topk", w, c, Options(total_steps=100, exact_tail=0.0), p, steps=4).extra
+
+
+def test_a_runs_exact_tail_reaches_its_prediction():
+    """options_of reads the run's exact tail and length; a run from before the tail has none."""
+    from ringps.sim.calibrate import options_of
+
+    cfg = {"strategy": {"strategy": "ring-topk"}, "compress": {"exact_tail": 0.4}}
+    assert options_of(cfg, None, 150).tail_from == 90
+    assert options_of({"strategy": {"strategy": "ring-topk"}, "compress": {}}, None, 150).tail_from is None
+
+
 def test_an_exchanges_own_cpu_delays_the_step_even_where_its_wire_hides():
     """Selection and scatter-adds run on the worker's CPU beside the backward, so they delay the
     step second for second, as the hook's cost model counts them (cpu_share 1); only the wire
@@ -471,6 +511,25 @@ def test_calibration_fits_a_parameter_server_workers_compute_apart():
     assert f.compute_a == pytest.approx(3.7) and f.ps_compute_a == pytest.approx(2.5)
     assert cluster_for(runs[0], f).compute_scale == pytest.approx(3.7)
     assert cluster_for(runs[2], f).compute_scale == pytest.approx(2.5)
+
+
+def test_the_servers_loopback_efficiency_is_fitted_past_its_stand_in_rate():
+    """On loopback a push is a copy between processes, which the model stands in for with a
+    10 Gbit/s link: a machine whose pushes move 4x faster is fitted at 4x (it was capped at 1,
+    and the loopback parameter-server cells came out 23-79% slow). Shaped links stay <= 1."""
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Fitted, Measured, fit_server_efficiency, predict_step
+
+    w = load_workload("facenet")
+    f = Fitted(3.0, efficiency=0.9, ps_compute_a=0.3)  # compute small against a 43 MB push and reply
+    runs = [Measured(Path(f"/r/{s}"), s, 2, 1, net, None, 0.3 * w.compute_s, 1.0, None, None, 0, "facenet", {})
+            for s, net in (("ps-async", None), ("ps-async", "1gbit"))]
+    truth = {"loopback": 4.0, "1gbit": 0.8}
+    runs = [replace(m, step_s=predict_step(m, w, replace(f, server_efficiency=truth))) for m in runs]
+    fitted = fit_server_efficiency(runs, w, f)
+    assert fitted["loopback"] == pytest.approx(4.0, rel=0.02) and fitted["1gbit"] == pytest.approx(0.8, rel=0.02)
+    assert runs[0].step_s < 0.7 * predict_step(runs[0], w, replace(f, server_efficiency={"loopback": 1.0}))
 
 
 def test_two_workers_sharing_a_server_link_fairly_stay_in_step():

@@ -57,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--powersgd-start-iter", type=int, default=10, help="PowerSGD's plain all-reduce steps first")
     p.add_argument("--local-warmup-steps", type=int, default=20, help="localsgd's global all-reduce steps first")
     p.add_argument("--density-warmup-epochs", type=float, default=2.0, help="ring-topk's density ramp (epochs)")
+    p.add_argument("--run-steps", type=int, help="the run's length in steps: where ring-topk's exact tail begins "
+                   "(default: not given, no tail)")
+    p.add_argument("--exact-tail", type=float, default=0.4, help="ring-topk: the run's last fraction of steps that go by "
+                   "the most faithful exchanges (as `ringps train --exact-tail`)")
     p.add_argument("--steps", type=int, default=30, help="steps (pushes per worker) simulated")
     p.add_argument("--progress", help="progress model YAML (default: the one calibrated here)")
     p.add_argument("--trace", metavar="DIR", help="write the predicted timelines (trace/sim-rank-R.json) there")
@@ -70,7 +74,8 @@ def options(args: argparse.Namespace):
 
     return Options(density=args.density, powersgd_rank=args.powersgd_rank, local_period=args.local_period,
                    staleness_threshold=args.staleness_threshold, powersgd_start_iter=args.powersgd_start_iter,
-                   local_warmup_steps=args.local_warmup_steps, density_warmup_epochs=args.density_warmup_epochs)
+                   local_warmup_steps=args.local_warmup_steps, density_warmup_epochs=args.density_warmup_epochs,
+                   total_steps=args.run_steps, exact_tail=args.exact_tail)
 
 
 def strategies(spec: str) -> list[str]:
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         tta = p.extra.get("time_to_accuracy_s")
         hist = p.extra.get("staleness_histogram")
         t.add_row(p.strategy, f"{p.step_s * 1e3:.1f} ms", f"{p.utilization:.0%}", f"{p.exposed_s * 1e3:.1f} ms",
-                  f"{p.bytes_per_step / 1e6:.2f}", f"{tta:.3g} s" if tta else "-",
+                  f"{p.bytes_per_step / 1e6:.2f}" + (f" (tail {p.extra['tail']['bytes_per_step'] / 1e6:.2f})"
+                                                     if "tail" in p.extra else ""), f"{tta:.3g} s" if tta else "-",
                   f"mean {p.extra['mean_staleness']:.1f}, max {max(hist)}" if hist else "",
                   f"{p.extra['drop_fraction']:.0%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
     console.print(t)

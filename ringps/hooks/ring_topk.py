@@ -33,9 +33,9 @@ from ringps.comm.exchanges import (
     VALUE_DTYPES,
     Exchange,
     Segment,
-    auto_candidates,
     build_exchange,
     choose_exchange,
+    faithful_candidates,
 )
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
@@ -307,14 +307,6 @@ class RingTopkState:
                                compute_s=share, progress=self.progress,
                                value_bytes=VALUE_DTYPES[self.value_dtype].itemsize)
 
-    @staticmethod
-    def faithful() -> tuple[str, ...]:
-        """The exchanges auto may choose in the tail: whole-bucket ones and the sparse ones whose
-        update carries as much as any sparse one's (the highest progress: every rank's own top k)."""
-        sparse = [EXCHANGES.get(c).progress for c in auto_candidates() if not EXCHANGES.get(c).whole]
-        best = max(sparse, default=1.0)
-        return tuple(c for c in auto_candidates() if EXCHANGES.get(c).whole or EXCHANGES.get(c).progress >= best)
-
     def plan(self, segments: list[Segment], overlap_s: float, step: int = 0) -> str:
         """The bucket's exchange at this step: forced, or the cost model's choice (cached per
         bucket layout and k). In the run's exact tail a forced exchange that carries less than
@@ -324,7 +316,7 @@ class RingTopkState:
         if self.exchange_name != "auto":
             forced = EXCHANGES.get(self.exchange_name)
             if tail and not forced.whole:
-                best = next(c for c in self.faithful() if not EXCHANGES.get(c).whole)
+                best = next(c for c in faithful_candidates() if not EXCHANGES.get(c).whole)
                 if forced.progress < EXCHANGES.get(best).progress:
                     return best
             return self.exchange_name
@@ -332,7 +324,7 @@ class RingTopkState:
             return "dense"  # until the step's compute is known: a sparse step is priced against it
         sizes, k = tuple(s.numel for s in segments), sum(s.k for s in segments)
         if (sizes, k, tail) not in self.plans:
-            self.plans[(sizes, k, tail)] = self.choose(sizes, k, overlap_s, self.faithful() if tail else None)[0]
+            self.plans[(sizes, k, tail)] = self.choose(sizes, k, overlap_s, faithful_candidates() if tail else None)[0]
             final = sum(self.schedule.k(n, 1 << 62) for n in sizes)
             if (sizes, final) not in self.decisions:  # what it will do once warmed up, for summary()
                 self.decisions[(sizes, final)] = self.choose(sizes, final, overlap_s)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -77,6 +78,7 @@ def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
     from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
+    from ringps.sim.engine import Options
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
 
@@ -91,7 +93,11 @@ def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
     # every process of the job on this machine's cores, as calibration models the runs
     c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
     ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
-    return rank(w, c, prog, ps_cluster=ps_c), c, measured, w
+    # the run's length, where ring-topk's exact tail begins (as the trainer counts its steps)
+    per_epoch = math.ceil(w.samples / (cfg.data.batch_size * cfg.run.workers)) if w.samples else None
+    total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
+    base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail)
+    return rank(w, c, prog, base=base, ps_cluster=ps_c), c, measured, w
 
 
 def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:

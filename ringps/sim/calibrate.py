@@ -17,7 +17,9 @@ links, slowdown, the median compute and step time per step and the steps to the 
   softirq, which no process is charged for.)
 - `efficiency`: payload per configured link bit, the one value that makes the dense runs'
   predicted step times match on shaped links (a 1-D search, median over runs);
-- `server_efficiency`: the same for the parameter-server runs, per link rate (loopback too);
+- `server_efficiency`: the same for the parameter-server runs, per link rate; on loopback, which
+  the model stands in for with a 10 Gbit/s link, it may exceed 1 (up to LOOPBACK_MAX): a push
+  there is a copy between processes, faster than the stand-in;
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
   itemises (PowerSGD's products and error feedback): measured less predicted step, median;
 - progress: each strategy's steps to the target against allreduce's in the same setting and seed
@@ -86,10 +88,12 @@ class Fitted:
     jitter: float = 0.0  # lognormal sigma of a step's compute, step to step (ClusterSpec.jitter)
 
 
-def options_of(cfg: dict, summary: Optional[dict] = None):
+def options_of(cfg: dict, summary: Optional[dict] = None, total_steps: Optional[int] = None):
     """The simulator's Options from a run's config.yaml: what the run itself was told; and from its
     summary what ring-topk's cost model decided with (the CPU constants it measured on its
-    machine, the compute of its first steps), so its predicted choices are the run's."""
+    machine, the compute of its first steps), so its predicted choices are the run's;
+    `total_steps`: the run's length (its metrics' start record), where its exact tail begins.
+    A run from before the exact tail has none in its config: no tail."""
     from ringps.sim.engine import Options
 
     st, cp = cfg["strategy"], cfg.get("compress", {})
@@ -102,6 +106,7 @@ def options_of(cfg: dict, summary: Optional[dict] = None):
                    value_bytes=2 if cp.get("value_dtype") in ("fp16", "bf16") else 4,
                    powersgd_start_iter=st.get("powersgd_start_iter", 10), local_warmup_steps=st.get("local_warmup_steps", 20),
                    density_warmup_epochs=cp.get("density_warmup_epochs", 2.0),
+                   total_steps=total_steps, exact_tail=cp.get("exact_tail", 0.0),
                    staleness_threshold=(cfg.get("ps") or {}).get("staleness_threshold"))
 
 
@@ -130,7 +135,8 @@ def read_run(run: Path) -> Measured:
                     slow, statistics.median(comp) if comp else 0.0, step_s, reached,
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
-                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)}, options_of(cfg, s),
+                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)},
+                    options_of(cfg, s, next((r.get("steps") for r in rows if r["kind"] == "start"), None)),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
                     moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0),
@@ -227,11 +233,14 @@ def predict_step(m: Measured, w, f: Fitted, cpu: Optional[dict] = None) -> float
     return simulate(m.strategy, w, cluster_for(m, f), m.options or Options(), Progress(cpu_s=cpu or {}), steps=12).step_s
 
 
-def fit_link(m: Measured, step_at) -> float:
-    """The efficiency in [0.05, 1] at which `step_at(efficiency)`, the predicted step, matches the
-    run's measured one (a 12-step bisection: the predicted step falls as efficiency rises)."""
-    lo, hi = 0.05, 1.0
-    for _ in range(12):
+LOOPBACK_MAX = 16.0  # the servers' loopback efficiency's ceiling: 160 Gbit/s, a memory copy's order
+
+
+def fit_link(m: Measured, step_at, top: float = 1.0) -> float:
+    """The efficiency in [0.05, top] at which `step_at(efficiency)`, the predicted step, matches the
+    run's measured one (a bisection: the predicted step falls as efficiency rises)."""
+    lo, hi = 0.05, top
+    for _ in range(12 + max(0, round(math.log2(top)))):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if step_at(mid) > m.step_s else (lo, mid)
     return (lo + hi) / 2
@@ -280,10 +289,13 @@ def fit_server_efficiency(runs: list[Measured], w, f: Fitted) -> dict[str, float
     ring's efficiency, fitted on all-reduces, does not carry over: where tbf's queue overflows TCP
     loses throughput to drops a ring's steadier flows do not see (`lossy`); on a clean link the
     pushes moved more per bit than the ring (not measured apart); on loopback a push is a copy
-    between processes on one host, not a wire."""
+    between processes on one host, not a wire: its 10 Gbit/s stand-in's efficiency may pass 1
+    (it sat at its old ceiling of 1 already on the 2-worker runs, and the 3-4 worker loopback
+    cells came out 23-79% slow)."""
     out = {}
     for net in sorted({m.link for m in runs if m.strategy.startswith("ps-")}):
-        fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, server_efficiency={net: e})))
+        top = LOOPBACK_MAX if net == "loopback" else 1.0
+        fits = [fit_link(m, lambda e, m=m: predict_step(m, w, replace(f, server_efficiency={net: e})), top)
                 for m in runs if m.strategy.startswith("ps-") and m.link == net and m.step_s]
         if fits:
             out[net] = round(statistics.median(fits), 4)
@@ -311,6 +323,9 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
             base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
             if not (base and m.steps_to_target) or strategy.startswith("ps-"):
                 continue
+            tail = m.options.tail_from if m.options is not None else None
+            if tail is not None and m.steps_to_target > tail:  # reached in ring-topk's exact tail: two
+                continue  # exchanges' progress mixed (predict.py weighs them apart)
             r, share = base / m.steps_to_target, m.extra.get("sparse_share")
             if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor), the
                 # dense remainder taken at allreduce's progress (predict.py gives a 16-bit one fp16's)

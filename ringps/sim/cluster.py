@@ -14,7 +14,8 @@ same keys, validated like every other config.
     efficiency: 0.95          # payload per configured link bit (--calibrate fits it)
     fairness: 1.0             # transfers sharing a server's link: 1 equal shares, 0 first come
                               # first served (the emulated cluster's lossy links: calibrate.py)
-    server_efficiency: 0.8    # the servers' links' payload per bit (default: efficiency)
+    server_efficiency: 0.8    # the servers' links' payload per bit (default: efficiency; above 1
+                              # only for a stand-in: calibrate.py's loopback)
     compute_scale: 1.0        # the profile's compute x this (another device)
     shared_cores: 2           # optional: every worker is a process on one machine with this many
                               # cores (an emulated cluster like ringps's own): they share them
@@ -49,7 +50,9 @@ class ClusterSpec(BaseModel):
     efficiency: float = Field(0.95, gt=0, le=1)  # payload per configured link bit (calibrated)
     # how transfers in flight at once share a server's link: 1 fair, 0 first come first served (link.py)
     fairness: float = Field(1.0, ge=0, le=1)
-    server_efficiency: Optional[float] = Field(None, gt=0, le=1)  # the servers' links' (default: efficiency)
+    # the servers' links' (default: efficiency); above 1 only for a stand-in link faster than its
+    # rate (calibrate.py: loopback, a copy between processes, stands in as 10 Gbit/s)
+    server_efficiency: Optional[float] = Field(None, gt=0, le=16)
     compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device)
     shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
     cpu_per_byte: float = Field(0.0, ge=0, le=1e-6)  # CPU s per byte a worker moves (sent + received)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 
 import simpy
 
-from ringps.comm.exchanges import EXCHANGES, choose_exchange, price, progress_of
+from ringps.comm.exchanges import EXCHANGES, choose_exchange, faithful_candidates, price, progress_of
 from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
@@ -58,6 +58,16 @@ class Options:
     # ring-topk's cost model decides with the compute it measured in its first steps (the slowest
     # rank's median); a run records it, and predicting that run plans with it (None: the model's)
     plan_compute_s: Optional[float] = None
+    # ring-topk's exact tail: the run's last exact_tail of its total_steps go by the most faithful
+    # exchanges (None steps: the run's length unknown, no tail); in_tail prices a step inside it
+    total_steps: Optional[int] = None
+    exact_tail: float = 0.4
+    in_tail: bool = False
+
+    @property
+    def tail_from(self) -> Optional[int]:
+        """The first step of ring-topk's exact tail, as the hook counts it (None: no tail)."""
+        return int(self.total_steps * (1.0 - self.exact_tail)) if self.total_steps and self.exact_tail > 0 else None
 
 
 @dataclass
@@ -146,8 +156,9 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         return Comm(allgather_s(k * 8, c) + t_small, (n - 1) * k * 8 + ring_bytes(small, n), large, large, cpu=cpu)
     if not large:  # ring-topk: small tensors wait for the step's fused message
         return Comm(0.0, 0.0, deferred=small)
-    name, _ = choose_exchange(large, k, n, p, overlap, compute_s=compute_per_param * large,
-                              progress=o.sparse_progress, value_bytes=o.value_bytes)
+    name, _ = choose_exchange(large, k, n, p, overlap, candidates=faithful_candidates() if o.in_tail else None,
+                              compute_s=compute_per_param * large, progress=o.sparse_progress,
+                              value_bytes=o.value_bytes)
     cost = price(name, large, k, n, p, value_bytes=o.value_bytes)
     ex = EXCHANGES.get(name)
     if ex.whole:  # the whole bucket, small tensors too, in one all-reduce (the hook's dense_bucket):

@@ -10,6 +10,8 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   file names one, applied to the share of its selectable parameters the cost model sends sparse
   (share x factor + (1 - share) x dense): buckets it sends whole progress as the DDP strategy
   whose all-reduce that is (fp32: allreduce's factor, 16 bits: fp16's);
+- ring-topk's exact tail (a run's last `exact_tail` of its `total_steps`, where the run's length
+  is given): steps there take the faithful exchanges' time and make their progress;
 - an asynchronous push is one worker's batch, worth 1 / N of a dense step, times
   1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing.
 """
@@ -88,18 +90,35 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
         pushes = dense * prog.workers_ref / value  # each push: one batch of the dense step's N
         rate = pred.extra.get("pushes_per_s") or n / pred.step_s
         return pushes / rate / prog.steps_factor(pred.strategy)
-    factor = prog.steps_factor(pred.strategy)
-    if "sparse_share" in pred.extra:  # a sparse step's factor; buckets sent dense progress as dense ones
-        if pred.strategy not in prog.factor:  # ring-topk: its chosen exchanges' own (Exchange.progress)
-            factor = pred.extra.get("sparse_progress", 1.0)
+    need = dense * prog.workers_ref / n  # in dense steps
+    f = sync_factor(pred.strategy, pred.extra, prog)
+    steps = max(1.0, need / f)  # past the linear-scaling regime: one step at least
+    tail, start = pred.extra.get("tail"), pred.extra.get("tail_from_step")
+    before = steps if tail is None or steps <= start else start
+    warm = min(before, pred.extra.get("warmup_steps", 0))
+    t = warm * pred.extra.get("warmup_step_s", pred.step_s) + (before - warm) * pred.step_s
+    if before < steps:  # the rest in ring-topk's exact tail, at its exchanges' step and progress
+        t += (need - before * f) / sync_factor(pred.strategy, tail, prog, pred.extra) * tail["step_s"]
+    return t
+
+
+def sync_factor(strategy: str, extra: dict, prog: Progress, before: Optional[dict] = None) -> float:
+    """A synchronous step's progress against a dense one: the strategy's factor; for ring-topk
+    its sparse exchanges' on the share it sends sparse, DDP's on the rest. `before`: the steps
+    before ring-topk's exact tail, where `extra` is the tail's: a factor the progress file names
+    (measured on the run's main exchanges) moves by the exchanges' own ratio."""
+    factor = prog.steps_factor(strategy)
+    if "sparse_share" in extra:  # a sparse step's factor; buckets sent dense progress as dense ones
+        if strategy not in prog.factor:  # ring-topk: its chosen exchanges' own (Exchange.progress)
+            factor = extra.get("sparse_progress", 1.0)
+        elif before is not None:
+            factor *= extra.get("sparse_progress", 1.0) / before.get("sparse_progress", 1.0)
         # a bucket sent whole makes DDP's update (fp32: allreduce's, 16 bits: fp16's): its factor
-        as_ddp = pred.extra.get("dense_as", {})
+        as_ddp = extra.get("dense_as", {})
         whole = sum(prog.steps_factor(s) * v for s, v in as_ddp.items()) / sum(as_ddp.values()) if as_ddp else 1.0
-        share = pred.extra["sparse_share"]
+        share = extra["sparse_share"]
         factor = share * factor + (1 - share) * whole
-    steps = max(1.0, dense * prog.workers_ref / n / factor)  # past the linear-scaling regime: one step at least
-    warm = min(steps, pred.extra.get("warmup_steps", 0))
-    return warm * pred.extra.get("warmup_step_s", pred.step_s) + (steps - warm) * pred.step_s
+    return factor
 
 
 def warmup(strategy: str, w: Workload, c: ClusterSpec, o: Options) -> tuple[int, str, Options]:
@@ -137,6 +156,11 @@ def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progr
         if n:
             pred.extra["warmup_steps"] = n
             pred.extra["warmup_step_s"] = run_sync(kind, w, c, warm_o, min(steps, 12), seed).step_s
+        if strategy == "ring-topk" and o.tail_from is not None:  # its exact tail: the faithful exchanges
+            tail = run_sync(strategy, w, c, replace(o, in_tail=True), steps, seed)
+            pred.extra["tail_from_step"] = o.tail_from
+            pred.extra["tail"] = {"step_s": tail.step_s, "bytes_per_step": tail.bytes_per_step,
+                                  **{k: v for k, v in tail.extra.items() if k != "buckets"}}
     pred.extra["time_to_accuracy_s"] = time_to_accuracy(pred, w, prog)
     if trace_dir is not None:
         trace_out.write(trace_dir, pred, w, c)

@@ -30,6 +30,7 @@ from ringps.comm.exchanges.base import (  # noqa: F401
     auto_candidates,
     build_exchange,
     choose_exchange,
+    faithful_candidates,
     price,
     progress_of,
 )

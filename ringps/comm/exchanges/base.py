@@ -167,6 +167,15 @@ def auto_candidates() -> tuple[str, ...]:
     return tuple(n for n in EXCHANGES.names() if EXCHANGES.get(n).auto)
 
 
+def faithful_candidates() -> tuple[str, ...]:
+    """The exchanges auto may choose in ring-topk's exact tail: whole-bucket ones and the sparse
+    ones whose update carries as much as any sparse one's (the highest progress: every rank's own
+    top k)."""
+    sparse = [EXCHANGES.get(c).progress for c in auto_candidates() if not EXCHANGES.get(c).whole]
+    best = max(sparse, default=1.0)
+    return tuple(c for c in auto_candidates() if EXCHANGES.get(c).whole or EXCHANGES.get(c).progress >= best)
+
+
 def choose_exchange(n: int, k: int, N: int, p: CostParams, overlap_s: float = 0.0,
                     candidates: Optional[tuple[str, ...]] = None, block: int = 256,
                     compute_s: float = 0.0, progress: Optional[float] = None,
