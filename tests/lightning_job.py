@@ -1,6 +1,6 @@
 """A 2-process CPU Lightning job for tests/test_lightning.py (Lightning re-runs this file for rank 1).
 
-    python tests/lightning_job.py OUT plain|ring [RESUME_CKPT]
+    python tests/lightning_job.py OUT plain|ring|ring-dense|ring-tail [RESUME_CKPT]
 """
 
 import sys
@@ -31,9 +31,10 @@ def main(out: str, kind: str, resume: str | None) -> None:
     torch.manual_seed(0)
     x = torch.randn(96, 200)
     data = DataLoader(TensorDataset(x, x[:, :4].argmax(1)), batch_size=16)  # 3 steps per epoch and rank
+    exchange = {"ring": "allgather", "ring-tail": "shared-index"}.get(kind, "auto")
     strategy = ("ddp" if kind == "plain" else
-                RingTopkStrategy(density=1.0 if kind == "ring-dense" else 0.05, exchange="allgather" if kind == "ring" else "auto",
-                                 dense_below=10_000))
+                RingTopkStrategy(density=1.0 if kind == "ring-dense" else 0.05, exchange=exchange, dense_below=10_000,
+                                 exact_tail=0.5 if kind == "ring-tail" else 0.0))
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=2, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=out,
                         callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=out, save_top_k=-1, every_n_epochs=1)])

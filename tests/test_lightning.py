@@ -38,3 +38,11 @@ def test_resume_from_a_lightning_checkpoint_continues_bitwise(tmp_path):
     resumed = run(tmp_path / "resumed", "ring", str(ckpt))
     for a, b in zip(whole, resumed):
         assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+
+
+def test_the_exact_tail_takes_the_runs_length_from_the_trainer(tmp_path):
+    """exact_tail=0.5 without total_steps: the strategy reads Lightning's estimated_stepping_batches
+    (6: 2 epochs of 3), so the last 3 steps of a forced shared-index go by allgather."""
+    tail = run(tmp_path / "tail", "ring-tail")
+    assert tail[0]["chosen"] == {"shared-index": 3, "allgather": 3}
+    assert all(torch.equal(x, y) for x, y in zip(tail[0]["params"], tail[1]["params"]))  # replicas agree

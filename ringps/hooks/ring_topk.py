@@ -101,7 +101,8 @@ class RingTopkState(BucketWork):
         self.progress, self.compute_s = progress, compute_s  # compute_s None: measured over the first steps
         # the run's last exact_tail of its total_steps: no exchange less faithful than the most
         # faithful sparse one (shared-index's common blocks give way to every rank's own top k)
-        self.tail_from = int(total_steps * (1.0 - exact_tail)) if total_steps and exact_tail > 0 else None
+        self.exact_tail, self.tail_from = exact_tail, None
+        self.set_total_steps(total_steps)
         self.model_numel = 0
         # internal state
         self.iteration = 0
@@ -125,6 +126,11 @@ class RingTopkState(BucketWork):
         self._steps: list[float] = []  # per step: its wall time less the hook's own time (compute)
         self._step_end = 0.0
         self._step_comm = 0.0
+
+    def set_total_steps(self, total_steps: Optional[int]) -> None:
+        """The run's length in steps, where the exact tail begins (None: unknown, no tail); for a
+        framework that knows it only once training starts (Lightning's estimated_stepping_batches)."""
+        self.tail_from = int(total_steps * (1.0 - self.exact_tail)) if total_steps and self.exact_tail > 0 else None
 
     @classmethod
     def from_config(cls, cfg, steps_per_epoch: int, process_group=None, timeout: float = 300.0,

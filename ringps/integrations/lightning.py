@@ -4,6 +4,7 @@ Lightning's `DDPStrategy` registers a `ddp_comm_hook` only when the device is CU
 hook given to it is silently never registered. `RingTopkStrategy` registers the hook on CPU and
 GPU alike, keys its memories by the module's parameter names, and puts every rank's residuals
 into the checkpoint (Lightning writes rank 0's only): on resume each rank takes its own part.
+With `exact_tail=` it takes the run's length from the trainer (`estimated_stepping_batches`).
 
     pip install ringps[lightning]
     trainer = lightning.Trainer(accelerator="cpu", devices=4, strategy=RingTopkStrategy(density=0.01))
@@ -11,6 +12,7 @@ into the checkpoint (Lightning writes rank 0's only): on resume each rank takes 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from lightning.pytorch.strategies import DDPStrategy
@@ -34,6 +36,14 @@ class RingTopkStrategy(DDPStrategy):
     def _register_ddp_hooks(self) -> None:
         self.hook_state.bind(self.model.module)
         self.model.register_comm_hook(self.hook_state, ring_topk_hook)
+
+    def on_train_start(self) -> None:
+        # the exact tail needs the run's length, which Lightning knows once training starts
+        if self.hook_state.exact_tail > 0 and self.hook_state.tail_from is None:
+            steps = self.lightning_module.trainer.estimated_stepping_batches
+            if math.isfinite(steps):
+                self.hook_state.set_total_steps(int(steps))
+        super().on_train_start()
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options: Optional[Any] = None) -> None:
         # every rank calls this; all take part in gathering the residuals, rank 0 writes them
