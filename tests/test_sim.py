@@ -247,6 +247,17 @@ def test_bad_profiles_and_clusters_are_one_line(tmp_path):
         load_workload("nope")
     with pytest.raises(ConfigError, match="--net fast"):
         load_cluster(None, {"net": "fast"})
+    import argparse
+
+    from ringps.cli.simulate import add_arguments, options
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(ConfigError, match="--run-steps 0: the run's length"):
+        options(p.parse_args(["--run-steps", "0"]))
+    with pytest.raises(ConfigError, match=r"--exact-tail 1.0: a fraction"):
+        options(p.parse_args(["--exact-tail", "1"]))
+    assert options(p.parse_args(["--run-steps", "150"])).tail_from == 90
 
 
 def test_simulate_cli_prints_json_per_strategy():

@@ -72,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options(args: argparse.Namespace):
     from ringps.sim.engine import Options
 
+    if args.run_steps is not None and args.run_steps < 1:
+        raise ConfigError(f"--run-steps {args.run_steps}: the run's length, at least 1 step")
+    if not 0.0 <= args.exact_tail < 1.0:
+        raise ConfigError(f"--exact-tail {args.exact_tail}: a fraction of the run's steps, in [0, 1)")
     return Options(density=args.density, powersgd_rank=args.powersgd_rank, local_period=args.local_period,
                    staleness_threshold=args.staleness_threshold, powersgd_start_iter=args.powersgd_start_iter,
                    local_warmup_steps=args.local_warmup_steps, density_warmup_epochs=args.density_warmup_epochs,
