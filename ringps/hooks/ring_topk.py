@@ -35,6 +35,7 @@ from ringps.comm.exchanges import (
     build_exchange,
     choose_exchange,
     faithful_candidates,
+    tail_start,
 )
 from ringps.comm.meter import PayloadMeter
 from ringps.comm.p2p import Ring
@@ -130,7 +131,7 @@ class RingTopkState(BucketWork):
     def set_total_steps(self, total_steps: Optional[int]) -> None:
         """The run's length in steps, where the exact tail begins (None: unknown, no tail); for a
         framework that knows it only once training starts (Lightning's estimated_stepping_batches)."""
-        self.tail_from = int(total_steps * (1.0 - self.exact_tail)) if total_steps and self.exact_tail > 0 else None
+        self.tail_from = tail_start(total_steps, self.exact_tail)
 
     @classmethod
     def from_config(cls, cfg, steps_per_epoch: int, process_group=None, timeout: float = 300.0,

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -75,6 +74,7 @@ def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
     """Every candidate strategy for this job on this machine, fastest predicted first (ringps/sim/auto.py),
     with the cluster it priced, the step it measured here (None: a calibration file priced it) and
     the workload profile."""
+    from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
     from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
@@ -94,7 +94,7 @@ def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
     c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
     ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
     # the run's length, where ring-topk's exact tail begins (as the trainer counts its steps)
-    per_epoch = math.ceil(w.samples / (cfg.data.batch_size * cfg.run.workers)) if w.samples else None
+    per_epoch = steps_per_epoch(w.samples, cfg.run.workers, cfg.data.batch_size) if w.samples else None
     total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
     base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail)
     return rank(w, c, prog, base=base, ps_cluster=ps_c), c, measured, w

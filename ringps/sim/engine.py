@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 
 import simpy
 
-from ringps.comm.exchanges import EXCHANGES, choose_exchange, faithful_candidates, price, progress_of
+from ringps.comm.exchanges import EXCHANGES, choose_exchange, faithful_candidates, price, progress_of, tail_start
 from ringps.cost import CostParams, ring_bytes
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.collectives import allgather_s, allreduce_s
@@ -67,7 +67,7 @@ class Options:
     @property
     def tail_from(self) -> Optional[int]:
         """The first step of ring-topk's exact tail, as the hook counts it (None: no tail)."""
-        return int(self.total_steps * (1.0 - self.exact_tail)) if self.total_steps and self.exact_tail > 0 else None
+        return tail_start(self.total_steps, self.exact_tail)
 
 
 @dataclass

@@ -33,5 +33,6 @@ from ringps.comm.exchanges.base import (  # noqa: F401
     faithful_candidates,
     price,
     progress_of,
+    tail_start,
 )
 from ringps.comm.exchanges.shared_index import SharedIndex  # noqa: E402,F401

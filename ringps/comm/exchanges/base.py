@@ -167,6 +167,12 @@ def auto_candidates() -> tuple[str, ...]:
     return tuple(n for n in EXCHANGES.names() if EXCHANGES.get(n).auto)
 
 
+def tail_start(total_steps: Optional[int], exact_tail: float) -> Optional[int]:
+    """The first step of ring-topk's exact tail, its last `exact_tail` of `total_steps` (None: the
+    run's length unknown, or no tail)."""
+    return int(total_steps * (1.0 - exact_tail)) if total_steps and exact_tail > 0 else None
+
+
 def faithful_candidates() -> tuple[str, ...]:
     """The exchanges auto may choose in ring-topk's exact tail: whole-bucket ones and the sparse
     ones whose update carries as much as any sparse one's (the highest progress: every rank's own
