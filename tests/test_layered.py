@@ -92,7 +92,7 @@ def test_the_planner_places_whole_layers_and_balances_the_servers():
 
 
 def test_sufficient_factors_reproduce_the_fc_gradient():
-    from ringps.ps.layered import LayerSpec, sf_gradient
+    from ringps.ps.layers import LayerSpec, sf_gradient
 
     torch.manual_seed(0)
     model = build_model("facenet", (1, 32, 32), 10)
@@ -116,7 +116,9 @@ def test_sufficient_factors_reproduce_the_fc_gradient():
 def layered_pair(rank, world, steps):
     """Rank 0 serves, rank 1 trains a small facenet with every method in the plan."""
     from ringps.ps import POLICIES
-    from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
+    from ringps.ps.layer_server import LayerServer
+    from ringps.ps.layered import LayeredClient
+    from ringps.ps.layers import layer_specs
     from ringps.ps.layout import flatten_into
 
     torch.manual_seed(0)

@@ -145,13 +145,15 @@ def layer_job(rank, world, out: str, policy: str, servers: int, steps: int, meth
     their (version, values) after every step."""
     import time
 
-    from ringps.ps import layered
-    from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
+    from ringps.ps import layer_server
+    from ringps.ps.layer_server import LayerServer
+    from ringps.ps.layered import LayeredClient
+    from ringps.ps.layers import layer_specs
     from ringps.ps.layout import flatten_into, gather
     from ringps.record import Recorder
     from ringps.schedule.plan import LayerPlan, Plan
 
-    layered.LOG_LIMIT = 3  # so a worker that falls behind gets a refresh
+    layer_server.LOG_LIMIT = 3  # so a worker that falls behind gets a refresh
     torch.manual_seed(0)
     model = three_layers()
     names = ["0", "2", "4"]

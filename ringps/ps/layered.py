@@ -1,6 +1,6 @@
-"""Layer-aware transmission for the parameter servers (--layer-strategy auto).
+"""Layer-aware transmission for the parameter servers (--layer-strategy auto), the worker side.
 
-Worker side (`LayeredClient`):
+`LayeredClient`:
 - wait-free backprop: a layer's gradient leaves as soon as its backward finishes (gradient-ready
   hooks), on the communication thread, to the server the plan placed it on, by the plan's method
   (dense, fp16, top-k with error feedback, or sufficient factors (delta, x) for a fully connected
@@ -11,19 +11,17 @@ Worker side (`LayeredClient`):
   next forward starts before the whole model has arrived;
 - a sufficient-factor layer's answer is the factors of every update the server applied since
   this worker's copy, each with its learning rate and scale, replayed through the same SGD step
-  (`sgd_step`), so the copy stays exactly the server's; a worker too far behind gets the values
-  and momentum instead (a refresh).
+  (layers.py: `replay`), so the copy stays exactly the server's; a worker too far behind gets the
+  values and momentum instead (a refresh).
 
-Server side (`LayerServer`): the same shard, policies and commit as `Server`; one SGD step per
-layer (the spans a worker replays), a bounded log of applied factors per sufficient-factor layer,
-and replies built from a snapshot of the layers sent as values.
+The server side is layer_server.py; the planned layers and the factor arithmetic both use are
+layers.py.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import NamedTuple, Optional
 
 import torch
@@ -37,18 +35,8 @@ from ringps.compress.memory import ErrorFeedback
 from ringps.compress.selectors import SampledThreshold
 from ringps.errors import CommTimeout, ProtocolError
 from ringps.ps import wire
+from ringps.ps.layers import METHOD_IDS, LayerSpec, replay
 from ringps.ps.layout import Layout
-from ringps.ps.policies import Push
-from ringps.ps.server import Outcome, Server, sgd_step
-
-METHOD_IDS = {"dense": wire.DENSE, "fp16": wire.FP16, "topk": wire.TOPK, "sf": wire.SF}
-LOG_LIMIT = 64  # factor updates kept per layer; a worker further behind is refreshed
-ENTRY_HEAD = 4  # a log entry: [rows, lr, weight factor, bias factor, factors...]
-
-
-def f32(x: float) -> float:
-    """x as the float32 the factor log carries, so server and replaying worker use the same bits."""
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 class LayerPayload(NamedTuple):
@@ -58,75 +46,6 @@ class LayerPayload(NamedTuple):
     rows: int  # sufficient factors: batch rows of (delta, x)
     k: int  # top-k: (index, value) pairs
 
-
-class LayerSpec:
-    """One planned layer: its module, its range in the flat vector and in its server's shard, its method."""
-
-    def __init__(self, index: int, name: str, module: nn.Module, start: int, numel: int, method: str, density: float,
-                 server: int = 0, local: Optional[int] = None):
-        self.index, self.name, self.module, self.start, self.numel = index, name, module, start, numel
-        self.method, self.server = method, server
-        self.local = start if local is None else local  # offset within the server's shard
-        self.params = list(module.parameters(recurse=False))
-        self.tensors: tuple[int, ...] = ()  # the layout's indices of its parameter tensors (weight first)
-        self.density = density
-        if method == "sf":
-            self.out_features, self.in_features = module.weight.shape
-            self.weight_numel = module.weight.numel()
-
-    @property
-    def k(self) -> int:
-        return max(1, int(self.density * self.numel))
-
-
-def layer_specs(model: nn.Module, plan, layout: Layout, density: float) -> list[LayerSpec]:
-    """The plan's layers, in forward order, mapped to modules, flat ranges and their servers."""
-    modules = dict(model.named_modules())
-    offsets = dict(zip(layout.names, layout.offsets))
-    specs = []
-    for i, lp in enumerate(plan.layers):
-        m = modules[lp.name]
-        first = next(n for n, _ in m.named_parameters(recurse=False))
-        start = offsets[f"{lp.name}.{first}" if lp.name else first]
-        server = lp.server if layout.placement is not None else 0
-        spec = LayerSpec(i, lp.name, m, start, lp.params, lp.method, density, server, layout.local(server, start))
-        prefix = f"{lp.name}." if lp.name else ""
-        spec.tensors = tuple(layout.names.index(prefix + n) for n, _ in m.named_parameters(recurse=False))
-        specs.append(spec)
-    return specs
-
-
-def sf_gradient(spec: LayerSpec, factors: torch.Tensor, rows: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(delta, x, bias grad) -> the layer's flat gradient [weight, bias] = [delta^T x, bias grad],
-    written into `out` when given (a 40 MB layer is rebuilt per update: no extra copies)."""
-    o, i = spec.out_features, spec.in_features
-    g = out if out is not None else torch.empty(spec.numel)
-    delta = factors[: rows * o].view(rows, o)
-    x = factors[rows * o : rows * (o + i)].view(rows, i)
-    torch.mm(delta.t(), x, out=g[: spec.weight_numel].view(o, i))
-    if spec.numel > spec.weight_numel:
-        g[spec.weight_numel :].copy_(factors[rows * (o + i) : rows * (o + i) + o])
-    return g
-
-
-def sf_size(spec: LayerSpec, rows: int) -> int:
-    return rows * (spec.out_features + spec.in_features) + (spec.numel - spec.weight_numel)
-
-
-def replay(spec: LayerSpec, view: torch.Tensor, momentum: torch.Tensor, body: torch.Tensor, entries: int,
-           scratch: torch.Tensor, mu: float, wd: float) -> None:
-    """Apply `entries` logged factor updates to a layer's values and momentum, as the server did."""
-    at = 0
-    for _ in range(entries):
-        rows, lr, fw, fb = (float(x) for x in body[at : at + ENTRY_HEAD])
-        n = sf_size(spec, int(rows))
-        g = sf_gradient(spec, body[at + ENTRY_HEAD : at + ENTRY_HEAD + n], int(rows), scratch)
-        if fw != 1.0:
-            g[: spec.weight_numel].mul_(fw)
-        if fb != 1.0:
-            g[spec.weight_numel :].mul_(fb)
-        sgd_step(view, momentum, g, lr, mu, wd)
-        at += ENTRY_HEAD + n
 
 
 class LayeredClient:
@@ -345,157 +264,3 @@ class LayeredClient:
             raw = wire.empty_header()
             self._wait([dist.isend(wire.Header(wire.OP_STOP, self.rank, s, fingerprint=self.fp).encode(), dst=srv,
                                    tag=wire.TAG_HEADER), dist.irecv(raw, src=srv, tag=wire.TAG_REPLY)], "stopping", srv)
-
-
-class LayerServer(Server):
-    """Serves OP_LAYER steps: the same commit as `Server`, one SGD step per layer, replies in priority order."""
-
-    def __init__(self, *args, specs: list[LayerSpec], **kw):
-        super().__init__(*args, **kw)
-        self.specs = [s for s in specs if s.server == self.index]  # this server's layers, priority order
-        self.by_index = {s.index: s for s in self.specs}
-        self.spans = [(s.local, s.local + s.numel) for s in self.specs]
-        self.valued = [s for s in self.specs if s.method != "sf"]  # layers replied as values
-        self.logs = {s.index: deque() for s in self.specs if s.method == "sf"}  # (version after, entry)
-        # where each valued layer lies in a snapshot: its own place when every layer is valued (the
-        # snapshot is then the shard, as DC-ASGD's backup needs), else packed (sf layers left out)
-        self.offsets, at = {}, 0
-        for s in self.valued:
-            self.offsets[s.index] = s.local if not self.logs else at
-            at += s.numel
-        self.snapshots.numel = self.n if not self.logs else at
-        self.known: dict[int, Optional[int]] = {w: None for w in self.workers}  # version each worker's copy has
-
-    def expect(self, worker: int) -> wire.Expect:
-        e = super().expect(worker)
-        e.payload = 2 * self.n  # a layer message is checked against the plan in `_layer_payload`
-        return e
-
-    def update(self, grad: torch.Tensor, verdict, lr: float, push: Optional[Push] = None) -> None:
-        super().update(grad, verdict, f32(lr), push)  # the lr travels in the factor log as float32
-
-    def updated(self, factors: list[float], lr: float, push: Optional[Push]) -> None:
-        if not self.logs:
-            return
-        by_tensor = {p.tensor_index: f for p, f in zip(self.pieces, factors)}
-        for index, log in self.logs.items():
-            rows, factors_t = push.extra[index]
-            t = self.by_index[index].tensors
-            head = torch.tensor([rows, lr, by_tensor[t[0]], by_tensor[t[1]] if len(t) > 1 else 1.0])
-            log.append((self.shard.version, torch.cat([head, factors_t])))
-            while len(log) > LOG_LIMIT:
-                log.popleft()
-
-    def factors_of(self, verdict) -> list[float]:
-        return [f32(f) for f in verdict.factors(len(self.pieces))]
-
-    # -- receiving a step -----------------------------------------------------------------
-    def _layer_payload(self, h: wire.Header) -> tuple[Optional[LayerSpec], Optional[torch.Tensor], Optional[str]]:
-        spec = self.by_index.get(h.layer)
-        if h.op != wire.OP_LAYER or spec is None:
-            return None, None, f"op {h.op}, layer {h.layer} is not a layer of server {self.index}"
-        expected = {"dense": spec.numel, "fp16": spec.numel, "topk": 2 * h.k,
-                    "sf": sf_size(spec, h.rows) if spec.method == "sf" else -1}[spec.method]
-        bounded = 0 <= h.rows <= max(spec.numel, 1 << 16) and 0 <= h.k <= spec.numel
-        if h.method != METHOD_IDS[spec.method] or h.payload != expected or not bounded:
-            return spec, None, (f"layer {spec.name}: {wire.METHODS.get(h.method, h.method)} payload {h.payload} "
-                                "does not match the plan")
-        buf = torch.empty(h.payload, dtype=torch.float16 if spec.method == "fp16" else torch.float32)
-        self._recv(h.sender, (buf, wire.TAG_PAYLOAD, f"layer {spec.name}'s payload"))
-        return spec, buf, None
-
-    def decode(self, parts: list, grad: torch.Tensor) -> dict:
-        """The step's layers into one dense gradient of the shard; returns the sf factors by layer."""
-        factors = {}
-        for spec, h, payload in parts:
-            g = grad[spec.local : spec.local + spec.numel]
-            if spec.method == "sf":
-                sf_gradient(spec, payload, h.rows, g)
-                factors[spec.index] = (h.rows, payload)
-            elif spec.method == "topk":
-                g.zero_().index_add_(0, payload[: h.k].view(torch.int32).long(), payload[h.k :])
-            else:
-                g.copy_(payload)
-        return factors
-
-    def requests(self, worker: int) -> None:
-        raw = wire.empty_header()
-        sample = torch.empty(self.sample_n) if self.sample_n else None
-        parts: list = []
-        while (h := self.next_request(worker, raw)) is not None:
-            if h.op == wire.OP_PULL:
-                self.hold(worker, h)
-                if h.flags & (wire.FLAG_HOLD | wire.FLAG_RELEASE | wire.FLAG_FINISH):  # values follow by a refresh
-                    self._reply(worker, wire.Header(wire.OP_REPLY, self.rank, self.index), None)
-                else:
-                    self.known[worker] = None  # a refresh: values (and momentum) of every layer
-                    self.reply_all(worker, h, None, 0.0)
-                continue
-            spec, payload, why = self._layer_payload(h)
-            if why is None and h.flags & wire.FLAG_END_OF_STEP and sorted(s.index for s, _, _ in parts + [(spec, h, payload)]) \
-                    != [s.index for s in self.specs]:
-                why = f"step {h.step} ended without every layer of server {self.index}"
-            if why is not None:  # sizes are checked against the plan here
-                self.refuse(worker, h, why, False)
-                self.failed[worker] = f"protocol violation: {why}"
-                return
-            parts.append((spec, h, payload))
-            if not h.flags & wire.FLAG_END_OF_STEP:
-                continue
-            if sample is not None:
-                self._recv(worker, (sample, wire.TAG_SAMPLE, "a value sample"))
-            t0 = time.perf_counter()
-            buf = self.recv.acquire(f"server rank {self.rank}: worker rank {worker}'s step ")
-            try:
-                grad = buf[: self.n]
-                factors = self.decode(parts, grad)  # outside the lock: a 40 MB rebuild takes tens of ms
-                t1 = time.perf_counter()
-                o, push = self.commit(worker, h, grad, sample, extra=factors)
-                t2 = time.perf_counter()
-            finally:
-                self.recv.release(buf)
-            parts = []
-            held = self.settle(push)
-            t3 = time.perf_counter()
-            self.reply_all(worker, h, o, held)
-            tr = trace.get()
-            if tr.enabled:
-                self.trace_push(tr, f"worker {worker}", (t0, t1, t2, t3, time.perf_counter()), o)
-
-    def _fill(self, buf: torch.Tensor) -> None:
-        for s in self.valued:
-            buf[self.offsets[s.index] : self.offsets[s.index] + s.numel].copy_(self.shard.values[s.local : s.local + s.numel])
-
-    def reply_all(self, worker: int, h: wire.Header, o: Optional[Outcome], held: float) -> None:
-        """Every layer, in priority order: values, or the factors since the worker's copy."""
-        s = self.shard
-        with s.cond:
-            snap = self.snapshots.acquire(self._fill, s.version, share_older=False)  # the current version
-            version, since, bodies = snap.version, self.known[worker], []
-            for spec in self.specs:
-                if spec.method != "sf":
-                    at = self.offsets[spec.index]
-                    bodies.append((snap.values[at : at + spec.numel], 0, 0))
-                    continue
-                log = [e for v, e in self.logs[spec.index] if since is not None and since < v <= version]
-                if since is not None and len(log) == version - since:
-                    bodies.append((torch.cat(log) if log else torch.empty(0), len(log), 0))
-                else:  # the log does not reach back: values and momentum
-                    lo, hi = spec.local, spec.local + spec.numel
-                    bodies.append((torch.cat([s.values[lo:hi], s.momentum[lo:hi]]), 0, wire.FLAG_REFRESH))
-            self.known[worker] = version
-            updates, finish = self.applied, wire.FLAG_FINISH if self.finished else 0
-        try:
-            self.policy.sent(worker, snap.values)
-            for i, (spec, (body, entries, flags)) in enumerate(zip(self.specs, bodies)):
-                reply = wire.Header(wire.OP_REPLY, self.rank, self.index, version=version, payload=body.numel(),
-                                    layer=spec.index, entries=entries, flags=flags, step=h.step, updates=updates)
-                if i == 0:  # the job's end and the step's figures, once
-                    reply.flags |= finish
-                if o is not None and i == 0:
-                    reply.status, reply.staleness, reply.weight = o.status, o.staleness, o.verdict.weight
-                    reply.value_staleness, reply.held_us, reply.paused_us = (o.verdict.value_staleness, int(held * 1e6),
-                                                                             int(o.paused * 1e6))
-                self._reply(worker, reply, body)
-        finally:
-            self.snapshots.release(snap)

@@ -6,7 +6,7 @@ Workers are ranks 0..W-1, servers the last S ranks of the job. A worker step: fo
 --slowdown stretch), backward into the flat gradient buffer, one push-and-pull round trip to
 every server, whose reply values land straight in the model's parameters. Worker 0 evaluates.
 With --layer-strategy auto the plan places whole layers on the servers and each layer travels
-by its own method as soon as its backward is done (ringps/ps/layered.py).
+by its own method as soon as its backward is done (ringps/ps/layered.py, layer_server.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from ringps.cost import contention
 from ringps.errors import ConfigError
 from ringps.ps import POLICIES
 from ringps.ps.client import Client
-from ringps.ps.layered import LayeredClient, LayerServer, layer_specs
+from ringps.ps.layer_server import LayerServer
+from ringps.ps.layered import LayeredClient
+from ringps.ps.layers import layer_specs
 from ringps.ps.layout import Layout, flatten_into, gather
 from ringps.ps.server import Server
 from ringps.schedule.plan import METHODS, Plan, dense_plan, make_plan
