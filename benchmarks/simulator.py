@@ -21,6 +21,7 @@
 
     .venv/bin/python benchmarks/simulator.py --steps 8 --repeats 2 --out runs/bench-sim   # grid + all
     .venv/bin/python benchmarks/simulator.py --skip-grid --out runs/bench-sim
+    .venv/bin/python benchmarks/simulator.py --settings w2-unshaped,w3-unshaped,w4-unshaped --out runs/bench-sim-lo
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def kendall(a: list[float], b: list[float]) -> float:
     return s / len(pairs) if pairs else 1.0
 
 
-def grid(args) -> list[Path]:
+def grid_settings() -> dict[str, dict]:
     settings = {}
     for n in (2, 3, 4):
         for net in ("100mbit", "1gbit"):
@@ -82,6 +83,13 @@ def grid(args) -> list[Path]:
             if n == 4:
                 settings[f"w{n}-{net}-slow"] = {"workers": n, "net": net, "slowdown": "1,1,2,4"}
         settings[f"w{n}-unshaped"] = {"workers": n}
+    return settings
+
+
+def grid(args) -> list[Path]:
+    settings = grid_settings()
+    if args.settings:  # a part of the grid (its 2-worker cells calibrate it, as the whole grid's do)
+        settings = {k: v for k, v in settings.items() if k in args.settings}
     # steady state: the simulator predicts a strategy's step after its warm-up (PowerSGD's dense
     # first steps, ring-topk's density ramp) and before ring-topk's exact tail, and a short run
     # would be mostly warm-up and tail
@@ -364,12 +372,18 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="measurements of each grid cell (seeds 0, 1, ...)")
     p.add_argument("--first-repeat", type=int, default=0,
                    help="run the repeats from this one on (the earlier ones in --out are read, not completed)")
+    p.add_argument("--settings", type=lambda v: v.split(","), default=None,
+                   help="only these grid settings, comma-separated (e.g. w2-unshaped,w3-unshaped,w4-unshaped); "
+                        "calibrated on their 2-worker cells")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
                    help="output folders of benchmarks/ring_topk.py: rank their contenders by predicted time-to-accuracy")
     add_out_arg(p)
     args = p.parse_args()
+    unknown = sorted(set(args.settings or ()) - set(grid_settings()))
+    if unknown:
+        p.error(f"--settings {','.join(unknown)}: not a grid setting; known: {', '.join(grid_settings())}")
     out = args.out or Path("runs") / "bench-sim"
     out.mkdir(parents=True, exist_ok=True)
     args.out = out
