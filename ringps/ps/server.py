@@ -247,6 +247,7 @@ class Server:
         """FLAG_HOLD / FLAG_RELEASE of a pull: start or end `worker`'s evaluation pause; FLAG_FINISH:
         the job is over (a round or a bound the policy holds a reply for is then waited out no more)."""
         with self.shard.cond:
+            first = bool(h.flags & wire.FLAG_FINISH) and not self.finished
             if h.flags & wire.FLAG_FINISH:
                 self.finished = True
                 self.shard.cond.notify_all()
@@ -255,6 +256,11 @@ class Server:
             elif h.flags & wire.FLAG_RELEASE and self.holder == worker:
                 self.holder = None
                 self.shard.cond.notify_all()
+            version = self.shard.version
+        if first and self.recorder is not None:  # from here on every reply tells its worker to stop
+            with self._write:
+                self.recorder.write("finish", server=self.index, rank=self.rank, worker=worker,
+                                    t=time.perf_counter() - self.started, wall=time.time(), version=version)
 
     # -- the wire ------------------------------------------------------------------------
     def _wait(self, work, what: str) -> None:
