@@ -53,10 +53,14 @@ def test_stale_lr_scales_the_gradient_before_momentum():
         push(s, 1, s.shard.version, torch.zeros(s.n))
     moved = start - s.shard.values
     assert torch.allclose(moved, 0.1 * g / 4 * (1 + 0.9 + 0.81 + 0.729), atol=1e-6)
+    # the summary's weights: seven pushes at 1, one at 1/4
+    st = s.stats()
+    assert (st["mean_weight"], st["min_weight"], st["pushes_weighted"]) == (7.25 / 8, 0.25, 1)
     # and a fresh push of the same gradient goes in whole
     f = make_server("stale-lr")
     push(f, 2, 0, g)
     assert torch.allclose(f.shard.momentum, g, atol=1e-7)
+    assert (f.stats()["mean_weight"], f.stats()["pushes_weighted"]) == (None, 0)  # nothing weighed
 
 
 class Yielding(threading.Condition):

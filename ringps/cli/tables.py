@@ -50,6 +50,7 @@ OPTIONAL: list[tuple[str, str, Callable[[Any], str], bool]] = [
     ("pushes applied", "pushes_applied", str, False),
     ("dropped", "pushes_dropped", str, False),
     ("max staleness", "max_applied_staleness", str, False),
+    ("mean weight", "mean_weight", lambda v: f"{v:.3f}", False),  # vsgd, stale-lr
 ]
 
 
