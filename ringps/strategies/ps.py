@@ -253,12 +253,12 @@ class ParameterServer(Strategy):
         if not servers:
             return {}
         first = servers[0]
+        weights = ("mean_weight", "min_weight", "pushes_weighted")
         keys = ("pushes_applied", "pushes_dropped", "pushes_refused", "max_applied_staleness", "pushes_per_s",
-                "buffer_bytes", "snapshot_copies", "mean_weight", "min_weight", "pushes_weighted")
+                "buffer_bytes", "snapshot_copies") + weights
         return {
             **{k: first[k] for k in keys[:4]},
-            # VSGD weighs each server's tensors apart: server 0's weights head the summary
-            **{k: first.get(k) for k in keys[7:]},
+            **{k: first.get(k) for k in weights},  # VSGD weighs each server's tensors apart: server 0's head it
             "staleness_histogram": {int(k): v for k, v in sorted(first["staleness_histogram"].items())},
             "pushes_per_s": {str(s["server"]): s["pushes_per_s"] for s in servers},
             "servers_agree": all((s["pushes_applied"], s["pushes_dropped"]) == (first["pushes_applied"], first["pushes_dropped"])
