@@ -381,9 +381,10 @@ def main() -> None:
                    help="output folders of benchmarks/ring_topk.py: rank their contenders by predicted time-to-accuracy")
     add_out_arg(p)
     args = p.parse_args()
-    unknown = sorted(set(args.settings or ()) - set(grid_settings()))
+    known = grid_settings()
+    unknown = sorted(set(args.settings or ()) - set(known))
     if unknown:
-        p.error(f"--settings {','.join(unknown)}: not a grid setting; known: {', '.join(grid_settings())}")
+        p.error(f"--settings {','.join(unknown)}: not a grid setting; known: {', '.join(known)}")
     out = args.out or Path("runs") / "bench-sim"
     out.mkdir(parents=True, exist_ok=True)
     args.out = out

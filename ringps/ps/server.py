@@ -111,7 +111,8 @@ class Server:
         self.histogram: Counter = Counter()
         self.max_applied_staleness = 0
         self.value_staleness: list[float] = []
-        self.weights: list[float] = []  # of the applied pushes: what scaled each gradient (vsgd, stale-lr)
+        # what scaled the applied pushes' gradients (vsgd, stale-lr): their sum, least, and how many were below 1
+        self.weight_sum, self.weight_min, self.pushes_weighted = 0.0, 1.0, 0
         self.started = self.ended = 0.0
         self.first_push = self.last_push = 0.0  # pushes/s counts from the first push to the last
 
@@ -190,7 +191,9 @@ class Server:
         if verdict.apply:
             self.applied += 1
             self.max_applied_staleness = max(self.max_applied_staleness, staleness)
-            self.weights.append(verdict.weight)
+            self.weight_sum += verdict.weight
+            self.weight_min = min(self.weight_min, verdict.weight)
+            self.pushes_weighted += verdict.weight < 1.0
         else:
             self.dropped += 1
         self.histogram[staleness] += 1
@@ -446,7 +449,6 @@ class Server:
         pushes = self.applied + self.dropped
         duration = max(self.last_push - self.first_push, 1e-9)
         vs = [v for v in self.value_staleness if v]
-        weighted = sum(w < 1.0 for w in self.weights)
         return {
             "server": self.index, "pushes_applied": self.applied, "pushes_dropped": self.dropped,
             "pushes_refused": self.refused, "max_applied_staleness": self.max_applied_staleness,
@@ -454,9 +456,9 @@ class Server:
             "pushes_per_s": (pushes - 1) / duration if pushes > 1 else 0.0, "version": self.shard.version,
             "mean_value_staleness": sum(vs) / len(vs) if vs else None,
             # the applied pushes' weights (mean over a push's tensors): None where every one was 1
-            "mean_weight": sum(self.weights) / len(self.weights) if weighted else None,
-            "min_weight": min(self.weights) if weighted else None,
-            "pushes_weighted": weighted,  # applied with a weight below 1
+            "mean_weight": self.weight_sum / self.applied if self.pushes_weighted else None,
+            "min_weight": self.weight_min if self.pushes_weighted else None,
+            "pushes_weighted": self.pushes_weighted,  # applied with a weight below 1
             "failed_workers": {int(k): v for k, v in self.failed.items()},
             # the T in effect (threshold's default depends on the number of workers)
             "staleness_threshold": self.policy.threshold if self.policy.uses_threshold else None,
