@@ -22,6 +22,7 @@
     .venv/bin/python benchmarks/simulator.py --steps 8 --repeats 2 --out runs/bench-sim   # grid + all
     .venv/bin/python benchmarks/simulator.py --skip-grid --out runs/bench-sim
     .venv/bin/python benchmarks/simulator.py --settings w2-unshaped,w3-unshaped,w4-unshaped --out runs/bench-sim-lo
+    .venv/bin/python benchmarks/simulator.py --read runs/bench-sim-lo runs/bench-sim-1g --out runs/bench-sim-parts
 """
 
 from __future__ import annotations
@@ -103,7 +104,12 @@ def grid(args) -> list[Path]:
     run_matrix("sim-grid", more, REFERENCE | {s: {"strategy": s} for s in MORE_PS}, args.repeats - first, common,
                args.out / "more-ps", first_seed=first, repeat_major=True)
     # every repeat in the folder counts, those before --first-repeat too
-    return sorted(r.parent for d in (args.out, args.out / "more-ps") for r in d.glob("w*/*-r*/summary.json"))
+    return runs_in(args.out)
+
+
+def runs_in(out: Path) -> list[Path]:
+    """The finished grid runs in a benchmark's output folder (its more-ps part included)."""
+    return sorted(r.parent for d in (out, out / "more-ps") for r in d.glob("w*/*-r*/summary.json"))
 
 
 def staleness(hist: dict) -> tuple[float, dict[int, float]]:
@@ -375,6 +381,9 @@ def main() -> None:
     p.add_argument("--settings", type=lambda v: v.split(","), default=None,
                    help="only these grid settings, comma-separated (e.g. w2-unshaped,w3-unshaped,w4-unshaped); "
                         "calibrated on their 2-worker cells")
+    p.add_argument("--read", nargs="+", type=Path, default=[], metavar="DIR",
+                   help="run nothing: validate the grid runs already in these output folders together (parts "
+                        "measured apart, e.g. one --settings each), calibrated on all their 2-worker cells")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
@@ -389,7 +398,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     args.out = out
     lines = []
-    if not args.skip_grid:
+    if args.read:
+        missing = [str(d) for d in args.read if not runs_in(d)]
+        if missing:
+            p.error(f"--read {' '.join(missing)}: no finished grid runs there (w*/*-rN/summary.json)")
+        lines += validate(sorted(r for d in args.read for r in runs_in(d)), load_workload("facenet"))
+    elif not args.skip_grid:
         lines += validate(grid(args), load_workload("facenet"))
     lines += tta_ranks(args.tta) + scaling(out) + published()
     for line in lines:
