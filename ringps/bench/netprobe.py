@@ -23,16 +23,20 @@ def tcp_recv(addr: str, port: int) -> dict:
         conn, _ = s.accept()
         conn.settimeout(60)
         buf = bytearray(1 << 20)
-        got, t0 = 0, None
+        got, t0, first = 0, None, None
         with conn:
             while True:
                 n = conn.recv_into(buf)
                 if not n:
                     break
                 t0 = t0 or time.perf_counter()
+                first = first or time.time()
                 got += n
         dt = time.perf_counter() - (t0 or time.perf_counter())
-    return {"bytes": got, "seconds": dt, "bits_per_s": got * 8 / dt if dt > 0 else 0.0}
+    # first and last byte on the wall clock, which every emulated host shares: flows received at once
+    # are timed together from them (benchmarks/server_link.py)
+    return {"bytes": got, "seconds": dt, "bits_per_s": got * 8 / dt if dt > 0 else 0.0,
+            "first": first, "last": time.time()}
 
 
 def tcp_send(addr: str, port: int, nbytes: int) -> dict:
