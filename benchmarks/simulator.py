@@ -6,7 +6,9 @@
    ps-threshold, and ps-sync and ps-vsgd where the link is not 100 Mbit/s (there 8 pushes of the
    whole model by every worker take minutes a cell; --more-ps-everywhere runs them). The simulator
    is calibrated on the 2-worker cells (compute scales, jitter, link efficiency, CPU per byte moved) and
-   validated on the 3- and 4-worker cells. Each cell is measured --repeats times (seeds 0, 1, ...;
+   validated on the 3- and 4-worker cells; the servers' lossy links' duplex factor (what each
+   direction carries while pushes and replies cross at once) is measured apart by
+   benchmarks/server_link.py (--duplex; the shipped results by default), not fitted. Each cell is measured --repeats times (seeds 0, 1, ...;
    every cell once before any twice) and counts by its fastest repeat, the least disturbed by the
    machine's other tenants; the repeats' own spread is the noise floor no model can beat. A 2-worker
    loopback allreduce before each setting's contenders (`reference-rN`) tracks the machine's speed:
@@ -40,7 +42,7 @@ from common import add_out_arg, console, guarded, run_matrix
 from rich.table import Table
 
 from ringps.sim.auto import rank
-from ringps.sim.calibrate import cluster_for, fit, fit_cpu, read_run
+from ringps.sim.calibrate import cluster_for, duplex_from_probes, fit, fit_cpu, read_run
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options
 from ringps.sim.predict import Progress, load_progress, simulate
@@ -52,6 +54,10 @@ MORE_PS = ["ps-sync", "ps-vsgd"]
 # tracks this shared machine's speed through the grid (its other tenants come and go)
 REFERENCE = {"reference": {"strategy": "allreduce", "workers": 2, "net": None, "slowdown": None}}
 NEAR_S = 900  # a reference speaks for the runs within this many seconds of it
+# what each direction of a server's lossy link carries while pushes and replies cross it at once,
+# per worker count: measured by benchmarks/server_link.py (not fitted to the grid); --duplex
+PROBES = sorted((Path(__file__).resolve().parents[1] / "docs" / "results" / "server-link").glob("results*.json"))
+DUPLEX: dict = {}  # set from --duplex in main
 PUBLISHED = [  # (label, profile, cluster, strategy, published efficiency, source)
     ("ResNet-101, 512 P100 (128 x 4), 25 Gbit/s RoCE", "resnet101-p100",
      {"workers": 512, "net": "25gbit", "node_size": 4, "intra_net": "80gbit"}, "allreduce", 0.90,
@@ -155,7 +161,7 @@ def tracked(measured: list, references: list, w) -> list[str]:
     if not calib or not test:
         return []
     base = statistics.median(speed[m.run] for m in calib)
-    f = fit(calib, w)
+    f = fit(calib, w, DUPLEX)
     cpu = fit_cpu(calib, w, f)
     errs = []
     for m in test:
@@ -181,7 +187,7 @@ def noise_floor(by_cell: dict) -> list[str]:
 def score(calib: list, test: list, w, show: bool) -> tuple[list[float], dict, list[float], object, dict]:
     """Calibrate on `calib`, predict `test`: (|errors|, {setting: [(cell, measured, predicted)]}, staleness
     histogram distances, the fit, strategies' CPU); with `show` a table per cell."""
-    f = fit(calib, w)
+    f = fit(calib, w, DUPLEX)
     cpu = fit_cpu(calib, w, f)
     t = Table("cell", "strategy", "measured step s", "predicted", "error", "staleness: measured mean", "predicted",
               "histogram distance", title="validation (not used to calibrate)")
@@ -240,7 +246,8 @@ def validate(runs: list[Path], w) -> list[str]:
     lines = [f"calibrated on {len(calib)} 2-worker cells: compute = {f.compute_a:.3f} x profile per whole core "
              f"(a parameter-server worker's {f.ps_compute_a or f.compute_a:.3f}), jitter {f.jitter:.3f}, CPU "
              f"per byte moved {f.cpu_per_byte:.3g} s, link efficiency {f.efficiency:.3f}, the servers' per link "
-             f"{f.server_efficiency}, strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"
+             f"{f.server_efficiency} (on a lossy link, each direction while both are busy x {f.duplex or 1}, by "
+             f"workers, measured apart), strategies' own CPU per step {cpu}; validated on {len(test)} cells with 3-4 workers"
              f" ({repeats} repeat(s) a cell, each counted by its fastest)",
              f"step time {agreement(errs)}"]
     lines += noise_floor(by_cell)
@@ -280,7 +287,7 @@ def tta_ranks(folders: list[Path]) -> list[str]:
             if not runs:
                 continue
             w = load_workload(runs[0].model)
-            f = fit(runs, w)
+            f = fit(runs, w, DUPLEX)
             prog = load_progress(None).model_copy(update={"cpu_s": fit_cpu(runs, w, f)})
             by_label: dict[str, list] = {}
             for m in runs:
@@ -388,8 +395,12 @@ def main() -> None:
     p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
                    help="output folders of benchmarks/ring_topk.py: rank their contenders by predicted time-to-accuracy")
+    p.add_argument("--duplex", nargs="*", type=Path, default=PROBES, metavar="JSON",
+                   help="benchmarks/server_link.py results.json files: the servers' lossy links' duplex factor per "
+                        "worker count (default: the shipped measurements; none given: directions independent)")
     add_out_arg(p)
     args = p.parse_args()
+    DUPLEX.update(duplex_from_probes(args.duplex) if args.duplex else {})
     known = grid_settings()
     unknown = sorted(set(args.settings or ()) - set(known))
     if unknown:

@@ -8,8 +8,8 @@ Per strategy: step time, utilization, exposed communication and bytes per step, 
 servers the staleness histogram, drop fraction and server-link occupancy, and time-to-accuracy
 from the progress model (ringps/sim/predict.py; `--progress FILE` for your own measurements).
 Cluster keys are flags and YAML keys alike: workers, net, latency_s, node_size, intra_net,
-slowdown, jitter, servers, server_net, efficiency, fairness, server_efficiency, compute_scale,
-shared_cores, cpu_per_byte.
+slowdown, jitter, servers, server_net, efficiency, fairness, server_efficiency, server_duplex,
+compute_scale, shared_cores, cpu_per_byte.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from ringps.errors import ConfigError
 
 HELP = "predict step time and time-to-accuracy of every strategy on a cluster (discrete events + alpha-beta)"
 CLUSTER_KEYS = ("workers", "net", "latency_s", "node_size", "intra_net", "slowdown", "jitter", "servers", "server_net",
-                "efficiency", "fairness", "server_efficiency", "compute_scale", "shared_cores", "cpu_per_byte")
+                "efficiency", "fairness", "server_efficiency", "server_duplex", "compute_scale", "shared_cores",
+                "cpu_per_byte")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fairness", type=float, help="how transfers in flight share a server's link: 1 evenly (default), "
                    "0 first come first served (a drop-tail queue that overflows)")
     p.add_argument("--server-efficiency", type=float, help="the servers' links' payload per bit (default: --efficiency)")
+    p.add_argument("--server-duplex", type=float, help="each direction of a server's link while pushes come in and "
+                   "replies go out at once, x its rate (default 1: independent; benchmarks/server_link.py measures it)")
     p.add_argument("--compute-scale", type=float, help="the profile's compute x this (another device)")
     p.add_argument("--shared-cores", type=int, help="all workers are processes sharing this many cores (an emulated "
                    "cluster on one machine, like ringps's own --net runs)")

@@ -43,7 +43,7 @@ import yaml
 from ringps.comm.exchanges import EXCHANGES
 from ringps.config import parse_rate
 from ringps.cost import EMULATED_QUEUE_S, CostParams, contention, cores
-from ringps.errors import ConfigError
+from ringps.errors import ConfigError, first_line
 
 
 @dataclass
@@ -86,6 +86,10 @@ class Fitted:
     # a parameter-server worker's compute = the profile's x this, per whole core (None: compute_a)
     ps_compute_a: Optional[float] = None
     jitter: float = 0.0  # lognormal sigma of a step's compute, step to step (ClusterSpec.jitter)
+    # workers -> each direction of a server's lossy link while both carry transfers, x its rate:
+    # measured apart (benchmarks/server_link.py, `duplex_from_probes`), not fitted; beyond the
+    # largest worker count measured, that one's
+    duplex: dict = field(default_factory=dict)
 
 
 def options_of(cfg: dict, summary: Optional[dict] = None, total_steps: Optional[int] = None):
@@ -214,7 +218,33 @@ def emulated_cluster(workers: int, net: Optional[str], slowdown: Optional[list],
                        compute_scale=a, jitter=f.jitter, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
                        fairness=0.0 if lossy(net) else 1.0,
                        server_efficiency=se.get(net or "loopback") if isinstance(se, dict) else se,
-                       cpu_per_byte=f.cpu_per_byte)
+                       server_duplex=duplex_at(f.duplex, workers) if lossy(net) else 1.0, cpu_per_byte=f.cpu_per_byte)
+
+
+def duplex_at(duplex: dict, workers: int) -> float:
+    """The measured duplex factor of the largest worker count measured up to `workers` (1: none)."""
+    below = [k for k in duplex if k <= workers]
+    return duplex[max(below)] if below else 1.0
+
+
+def duplex_from_probes(paths: list[Path]) -> dict[int, float]:
+    """Per worker count k, what each direction of the server's link carries with k pushes in and
+    k replies out at once against the pushes alone: the ratio of the medians over every repeat in
+    these `benchmarks/server_link.py` results.json files ({"k/push only": [...], "k/push and
+    reply": [...]}), at most 1."""
+    got: dict[str, list[float]] = {}
+    for p in paths:
+        try:
+            data = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--duplex {p}: not a server_link.py results.json ({first_line(e)})") from None
+        for key, vals in data.items():
+            got.setdefault(key, []).extend(vals)
+    ks = sorted({int(k.split("/")[0]) for k in got if k.endswith("/push and reply") and f"{k.split('/')[0]}/push only" in got})
+    if not ks:
+        raise ConfigError(f"--duplex {' '.join(map(str, paths))}: no 'k/push only' and 'k/push and reply' results")
+    return {k: round(min(1.0, statistics.median(got[f"{k}/push and reply"]) / statistics.median(got[f"{k}/push only"])), 4)
+            for k in ks}
 
 
 def fitted_from(prog) -> Optional[Fitted]:
@@ -268,11 +298,13 @@ def fit_cpu_per_byte(runs: list[Measured]) -> float:
     return float(f"{max(0.0, (stt * sby - stb * sty) / det):.3g}")
 
 
-def fit(runs: list[Measured], w) -> Fitted:
-    """Every machine constant, in the order each depends on the ones before."""
+def fit(runs: list[Measured], w, duplex: Optional[dict] = None) -> Fitted:
+    """Every machine constant, in the order each depends on the ones before; `duplex`, measured
+    apart (duplex_from_probes), is taken as it is and the servers' efficiency fitted with it."""
     jit = [m.jitter for m in runs if m.jitter is not None and not m.slowdown]
     f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs),
-               ps_compute_a=fit_ps_compute(runs, w.compute_s), jitter=round(statistics.median(jit), 4) if jit else 0.0)
+               ps_compute_a=fit_ps_compute(runs, w.compute_s), jitter=round(statistics.median(jit), 4) if jit else 0.0,
+               duplex=dict(duplex or {}))
     f = replace(f, efficiency=fit_efficiency(runs, w, f))
     return replace(f, server_efficiency=fit_server_efficiency(runs, w, f))
 

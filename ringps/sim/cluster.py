@@ -16,6 +16,9 @@ same keys, validated like every other config.
                               # first served (the emulated cluster's lossy links: calibrate.py)
     server_efficiency: 0.8    # the servers' links' payload per bit (default: efficiency; above 1
                               # only for a stand-in: calibrate.py's loopback)
+    server_duplex: 1.0        # each direction of a server's link, while pushes come in and
+                              # replies go out at once, carries this x its rate (1: independent;
+                              # the emulated cluster's lossy links less: benchmarks/server_link.py)
     compute_scale: 1.0        # the profile's compute x this (another device)
     shared_cores: 2           # optional: every worker is a process on one machine with this many
                               # cores (an emulated cluster like ringps's own): they share them
@@ -53,6 +56,8 @@ class ClusterSpec(BaseModel):
     # the servers' links' (default: efficiency); above 1 only for a stand-in link faster than its
     # rate (calibrate.py: loopback, a copy between processes, stands in as 10 Gbit/s)
     server_efficiency: Optional[float] = Field(None, gt=0, le=16)
+    # each direction of a server's link while both carry transfers, x its rate (sim/link.py)
+    server_duplex: float = Field(1.0, gt=0, le=1)
     compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device)
     shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
     cpu_per_byte: float = Field(0.0, ge=0, le=1e-6)  # CPU s per byte a worker moves (sent + received)

@@ -6,7 +6,8 @@ the servers' updates included, and a slowdown is Stretch's sleep, as in engine.p
 its gradient to every server at once (shard = model / servers) and waits for the replies. A push
 crosses the server's incoming link, which the pushes in flight share (evenly, or first come first
 served: link.py), then takes the server's update lock for the update (a few passes over the
-shard), then its reply crosses the outgoing link, shared the same way; the bytes' CPU
+shard), then its reply crosses the outgoing link, shared the same way (while both directions
+carry transfers, each at `server_duplex` of its rate); the bytes' CPU
 (`cpu_per_byte`) follows on the worker's cores. Server 0 counts versions: a push's staleness is
 the versions applied since the worker's values; threshold drops it when over T (no version bump,
 a reply all the same), SSP holds the reply while the worker is more than T pushes ahead of the
@@ -44,6 +45,8 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     # one link per direction stands for all of them (S times fewer events at 1,024 workers); a
     # transfer moves at most at the worker's own link rate
     up, down = (SharedLink(env, c.server_bw, cap=c.push_bw, latency=c.latency_s, fairness=c.fairness) for _ in range(2))
+    if c.server_duplex < 1:  # pushes in and replies out at once: each direction slower (link.py)
+        up.pair(down, c.server_duplex)
     lock = simpy.Resource(env, 1)
     t_link = shard * 4 / min(c.push_bw, c.server_bw) + c.latency_s  # one transfer alone (SSP's poll)
     t_update = UPDATE_PASSES * shard * o.cpu.pass_s
