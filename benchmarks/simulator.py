@@ -8,8 +8,8 @@
    is calibrated on the 2-worker cells (compute scales, jitter, link efficiency, CPU per byte moved) and
    validated on the 3- and 4-worker cells; the servers' lossy links' duplex factor (what each
    direction carries while pushes and replies cross at once) is measured apart by
-   benchmarks/server_link.py (--duplex; the shipped results by default), not fitted. Each cell is measured --repeats times (seeds 0, 1, ...;
-   every cell once before any twice) and counts by its fastest repeat, the least disturbed by the
+   benchmarks/server_link.py (--duplex; the shipped results by default), not fitted. Each cell
+   is measured --repeats times (seeds 0, 1, ...; every cell once before any twice) and counts by its fastest repeat, the least disturbed by the
    machine's other tenants; the repeats' own spread is the noise floor no model can beat. A 2-worker
    loopback allreduce before each setting's contenders (`reference-rN`) tracks the machine's speed:
    the validation is also reported with each run's compute scaled by its nearest reference. Per cell

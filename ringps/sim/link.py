@@ -13,10 +13,11 @@ ideal and a data-centre network's; 0: first come, first served). For ringps's em
 
 The two directions of a server's link can be paired (`pair`): while both carry transfers, each
 runs at `duplex` x its rate. On the emulated cluster's lossy links k pushes in and k replies out
-at once carry less each way than either alone (benchmarks/server_link.py at 100 Mbit/s: 0.95 of
-the rate one way at every k, 0.85 and 0.80 both ways at k = 3 and 4; a reply's ACKs wait in the queue
-the pushes fill, and the other way round), which the 2-worker calibration cannot see (at k = 2
-the loss is small) and which made 3- and 4-worker parameter servers slower than predicted.
+at once carry less each way than either alone (benchmarks/server_link.py at 100 Mbit/s: 0.95
+of the rate one way at every k, 0.85 and 0.80 both ways at k = 3 and 4; a reply's ACKs wait in
+the queue the pushes fill, and the other way round), which the 2-worker calibration cannot see
+(at k = 2 the loss is small) and which made 3- and 4-worker parameter servers slower than
+predicted.
 
 The same object serves as a host's cores shared by the processes computing on them (sim/ps.py):
 rate = cores, cap = 1 (a process runs on one core at a time), amounts in core-seconds, fair.
