@@ -9,8 +9,9 @@
    validated on the 3- and 4-worker cells; the servers' lossy links' duplex factor (what each
    direction carries while pushes and replies cross at once) is measured apart by
    benchmarks/server_link.py (--duplex; the shipped results by default), not fitted. Each cell
-   is measured --repeats times (seeds 0, 1, ...; every cell once before any twice) and counts by its fastest repeat, the least disturbed by the
-   machine's other tenants; the repeats' own spread is the noise floor no model can beat. A 2-worker
+   is measured --repeats times (seeds 0, 1, ...; every cell once before any twice) and counts by
+   its fastest repeat, the least disturbed by the machine's other tenants; the repeats' own
+   spread is the noise floor no model can beat. A 2-worker
    loopback allreduce before each setting's contenders (`reference-rN`) tracks the machine's speed:
    the validation is also reported with each run's compute scaled by its nearest reference. Per cell
    the step-time error, and for the parameter servers the mean staleness predicted and measured and
