@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,18 @@ def batches(n: int, batch: int, shape=(1, 8, 8), classes: int = 4, seed: int = 0
             x[i, :, r * h : (r + 1) * h, col * w : (col + 1) * w] += 1.0
         out.append(Batch(x, y, torch.arange(batch)))
     return out
+
+
+def finished_run(folder: Path, strategy: str, summary: dict, rows: list[dict], **run: Any) -> Path:
+    """A finished run folder as `ringps train` leaves it (config.yaml, summary.json, metrics.jsonl)
+    of facenet, for what reads runs back (`ringps simulate --calibrate`); `run`: run options."""
+    import yaml
+
+    folder.mkdir(parents=True)
+    cfg = Config().model_dump(mode="json")
+    cfg["strategy"]["strategy"], cfg["model"]["model"] = strategy, "facenet"
+    cfg["run"].update(run)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return folder

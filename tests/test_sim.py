@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import run_ranks
+from helpers import finished_run
 
 from ringps.errors import ConfigError, RingpsError
 from ringps.sim.cluster import ClusterSpec, load_cluster
@@ -597,26 +598,16 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     among them."""
     import yaml
 
-    from ringps.config import Config
-
     runs = []
     # kernel CPU per step: 0.25 s per second of step plus 7.5e-10 s per byte (2 workers x sent + received)
     for strategy, step, sent in (("allreduce", 1.0, 1e8), ("fp16", 0.8, 5e7)):
         kernel = 0.25 * step + 7.5e-10 * 2 * 2 * sent
-        run = tmp_path / strategy
-        run.mkdir()
-        cfg = Config().model_dump(mode="json")
-        cfg["strategy"]["strategy"], cfg["run"]["net"], cfg["run"]["workers"] = strategy, "1gbit", 2
-        cfg["model"]["model"] = "facenet"
-        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-        (run / "summary.json").write_text(json.dumps({"step_s_median": step, "time_to_accuracy_s": None,
-                                                      "host_kernel_cpu_s_per_step": kernel,
-                                                      "bytes_sent_per_step": sent, "bytes_recv_per_step": sent}))
         # the compute alternates 0.5 x e^(+-0.1) from step to step: a log sd of 0.1 x sqrt(6/5) over steps 2-6
         rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": step * (k // 2 + 1),
                  "compute_s": 0.5 * math.exp(0.1 if k // 2 % 2 else -0.1)} for k in range(12)]
-        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-        runs.append(str(run))
+        runs.append(str(finished_run(tmp_path / strategy, strategy, {
+            "step_s_median": step, "time_to_accuracy_s": None, "host_kernel_cpu_s_per_step": kernel,
+            "bytes_sent_per_step": sent, "bytes_recv_per_step": sent}, rows, net="1gbit", workers=2)))
     out = tmp_path / "fit.yaml"
     r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--calibrate", *runs, "--out", str(out)],
                        capture_output=True, text=True, timeout=120)

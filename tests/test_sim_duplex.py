@@ -85,3 +85,47 @@ def test_a_duplex_loss_slows_parameter_server_pushes_on_a_saturated_link():
 
     full, lossy = step(1.0), step(0.8)
     assert full * 1.02 < lossy <= full / 0.8 * 1.01
+
+
+def test_calibrate_takes_the_measured_duplex_and_auto_prices_with_it(tmp_path, monkeypatch):
+    """`ringps simulate --calibrate RUN... --duplex PROBE.json` writes the measured factors into the
+    calibration file beside the fitted constants; read back (`--auto-calibration`), they pair the
+    servers' links of a lossy emulated link as in the calibration, where before the file carried
+    none and every server link ran both ways at full rate."""
+    import subprocess
+    import sys
+
+    from helpers import finished_run
+
+    from ringps.sim.calibrate import fitted_from
+    from ringps.sim.predict import load_calibration
+
+    probe = tmp_path / "server-link.json"
+    probe.write_text(json.dumps({"2/push only": [0.95], "2/push and reply": [0.855],
+                                 "4/push only": [0.95], "4/push and reply": [0.76]}))
+    rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": 2.0 * (k // 2 + 1), "compute_s": 0.4}
+            for k in range(12)]
+    runs = [str(finished_run(tmp_path / s, s, {"step_s_median": step, "time_to_accuracy_s": None}, rows,
+                             net="100mbit", workers=2)) for s, step in (("allreduce", 3.9), ("ps-async", 8.5))]
+    out = tmp_path / "fit.yaml"
+    cmd = [sys.executable, "-m", "ringps", "simulate", "--calibrate", *runs, "--out", str(out)]
+    r = subprocess.run([*cmd, "--duplex", str(probe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "each way while both are busy" in r.stdout
+    f = fitted_from(load_calibration(str(out), "--auto-calibration"))
+    assert f.duplex == {2: pytest.approx(0.9), 4: pytest.approx(0.8)}
+    monkeypatch.setattr("ringps.sim.calibrate.in_flight_ceiling", lambda: 4 << 20)  # 100 Mbit/s's queue overflows
+    assert emulated_cluster(4, "100mbit", None, 1, f, ps=True).server_duplex == pytest.approx(0.8)
+    assert emulated_cluster(3, "100mbit", None, 1, f, ps=True).server_duplex == pytest.approx(0.9)
+    # without --duplex the file has none: the links stay independent
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert fitted_from(load_calibration(str(out), "--auto-calibration")).duplex == {}
+    # a probe that is not one, and --duplex without --calibrate: one line each, exit 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("[")
+    r = subprocess.run([*cmd, "--duplex", str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a server_link.py results.json" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--duplex", str(probe)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--server-duplex" in r.stderr

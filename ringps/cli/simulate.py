@@ -3,6 +3,7 @@
     ringps simulate --profile facenet --workers 64 --net 10gbit --strategy allreduce,ring-topk,ps-threshold
     ringps simulate --profile resnet50-k80 --cluster my-cluster.yaml --strategy all --json
     ringps simulate --calibrate runs/a runs/b --out calibration.yaml
+    ringps simulate --calibrate runs/ps-* --duplex server-link/results.json --out calibration.yaml
 
 Per strategy: step time, utilization, exposed communication and bytes per step, for parameter
 servers the staleness histogram, drop fraction and server-link occupancy, and time-to-accuracy
@@ -70,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per strategy, for scripts")
     p.add_argument("--calibrate", nargs="+", metavar="RUN", help="fit link efficiency, CPU and progress from run folders")
     p.add_argument("--out", help="--calibrate: where to write the fitted progress model (YAML)")
+    p.add_argument("--duplex", nargs="+", metavar="JSON", help="--calibrate: benchmarks/server_link.py results of the "
+                   "servers' links (each direction while pushes and replies cross at once), taken as measured and "
+                   "written to the file; without it a server's two directions are independent")
 
 
 def options(args: argparse.Namespace):
@@ -103,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate:
         from ringps.sim.calibrate import calibrate
 
-        return calibrate([Path(r) for r in args.calibrate], args.out, wide_console())
+        return calibrate([Path(r) for r in args.calibrate], args.out, wide_console(),
+                         [Path(p) for p in args.duplex] if args.duplex else None)
+    if args.duplex:
+        raise ConfigError("--duplex: measured server links for --calibrate (a prediction takes --server-duplex)")
     w = load_workload(args.profile)
     c = load_cluster(args.cluster, {k: getattr(args, k) for k in CLUSTER_KEYS})
     prog, o = load_progress(args.progress), options(args)

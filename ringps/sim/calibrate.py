@@ -253,7 +253,8 @@ def fitted_from(prog) -> Optional[Fitted]:
     if prog.compute_a is None:
         return None
     return Fitted(prog.compute_a, efficiency=prog.efficiency or 0.95, cpu_per_byte=prog.cpu_per_byte or 0.0,
-                  server_efficiency=prog.server_efficiency or {}, ps_compute_a=prog.ps_compute_a, jitter=prog.jitter or 0.0)
+                  server_efficiency=prog.server_efficiency or {}, ps_compute_a=prog.ps_compute_a, jitter=prog.jitter or 0.0,
+                  duplex=dict(prog.duplex))
 
 
 def predict_step(m: Measured, w, f: Fitted, cpu: Optional[dict] = None) -> float:
@@ -368,7 +369,10 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
 
 
-def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
+def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: Optional[list[Path]] = None) -> int:
+    """`duplex_probes`: benchmarks/server_link.py results of the cluster's server links, taken as
+    measured (`fit`), written to the file with the rest, so `--auto-calibration` prices the
+    servers' lossy links as the calibration did."""
     from ringps.sim.workload import load_workload
 
     runs = [read_run(r) for r in run_dirs]
@@ -376,7 +380,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
     if len(models) != 1:
         raise ConfigError(f"--calibrate: runs of one model at a time (got {', '.join(sorted(models))})")
     w = load_workload(models.pop())
-    f = fit(runs, w)
+    f = fit(runs, w, duplex_from_probes(duplex_probes) if duplex_probes else None)
     cpu = fit_cpu(runs, w, f)
     factor = fit_progress(runs)
     dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
@@ -384,6 +388,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
                   f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
                   (f", servers' {f.server_efficiency}" if f.server_efficiency else "") +
                   (f"; a parameter-server worker's compute {f.ps_compute_a:.3f} x profile" if f.ps_compute_a else "") +
+                  (f"; the servers' lossy links each way while both are busy x {f.duplex} by workers (measured apart)"
+                   if f.duplex else "") +
                   f"; compute jitter (log sd) {f.jitter:.3f}; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:
@@ -398,7 +404,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console) -> int:
            **({"workers_ref": runs[0].workers, "dense_steps": statistics.median(dense)} if dense else {}),
            "factor": factor, "staleness_a": 0.1, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
-           "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu}
+           "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu,
+           "duplex": f.duplex}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
         console.print(f"written: {out}")

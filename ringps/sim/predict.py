@@ -50,6 +50,9 @@ class Progress(BaseModel):
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
     cpu_s: dict[str, float] = {}
+    # calibration: workers -> each direction of a server's lossy link while both carry transfers,
+    # x its rate (measured apart by benchmarks/server_link.py, `--calibrate ... --duplex`); empty: 1
+    duplex: dict[int, float] = {}
 
     def steps_factor(self, strategy: str) -> float:
         return self.factor.get(strategy, 1.0)
