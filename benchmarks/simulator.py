@@ -25,7 +25,7 @@
     .venv/bin/python benchmarks/simulator.py --steps 8 --repeats 2 --out runs/bench-sim   # grid + all
     .venv/bin/python benchmarks/simulator.py --skip-grid --out runs/bench-sim
     .venv/bin/python benchmarks/simulator.py --settings w2-unshaped,w3-unshaped,w4-unshaped --out runs/bench-sim-lo
-    .venv/bin/python benchmarks/simulator.py --read runs/bench-sim-lo runs/bench-sim-1g --out runs/bench-sim-parts
+    .venv/bin/python benchmarks/simulator.py --read runs/bench-sim-lo runs/bench-sim-1g --out runs/bench-sim-parts --grid-only
 """
 
 from __future__ import annotations
@@ -393,6 +393,8 @@ def main() -> None:
                    help="run nothing: validate the grid runs already in these output folders together (parts "
                         "measured apart, e.g. one --settings each), calibrated on all their 2-worker cells")
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument("--grid-only", action="store_true",
+                   help="the validation alone: neither the scaling curves nor the published results (a minute)")
     p.add_argument("--more-ps-everywhere", action="store_true", help="ps-sync and ps-vsgd at 100 Mbit/s too")
     p.add_argument("--tta", nargs="*", type=Path, default=[], metavar="DIR",
                    help="output folders of benchmarks/ring_topk.py: rank their contenders by predicted time-to-accuracy")
@@ -417,7 +419,7 @@ def main() -> None:
         lines += validate(sorted(r for d in args.read for r in runs_in(d)), load_workload("facenet"))
     elif not args.skip_grid:
         lines += validate(grid(args), load_workload("facenet"))
-    lines += tta_ranks(args.tta) + scaling(out) + published()
+    lines += tta_ranks(args.tta) + ([] if args.grid_only else scaling(out) + published())
     for line in lines:
         console.print(line)
     (out / "report.txt").write_text("\n".join(lines) + "\n")
