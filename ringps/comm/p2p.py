@@ -51,10 +51,10 @@ class Ring:
 
         header: small ints describing `send` (header[0] must be its numel). Returns the left
         neighbour's header and payload (same dtype as `send`)."""
-        h_send = torch.tensor(header, dtype=torch.int64)
+        h_send = torch.tensor(header, dtype=torch.int64, device=send.device)  # NCCL: on the payload's device
         h_recv = torch.empty_like(h_send)
         self.step(h_send, h_recv, f"{what} (header)", name)
         got = h_recv.tolist()
-        recv = torch.empty(got[0], dtype=send.dtype)
+        recv = torch.empty(got[0], dtype=send.dtype, device=send.device)
         self.step(send, recv, what, name)
         return got, recv

@@ -24,7 +24,7 @@ def ring_allreduce(t: torch.Tensor, ring: Ring, name: str = "dense-ring", wire: 
     wire = wire or t.dtype
     chunks = list(torch.tensor_split(t, n))
     r = ring.rank
-    buf = torch.empty(max(c.numel() for c in chunks), dtype=wire)
+    buf = torch.empty(max(c.numel() for c in chunks), dtype=wire, device=t.device)
     for s in range(n - 1):  # reduce-scatter: afterwards rank r owns chunk (r + 1) % n
         send, recv = chunks[(r - s) % n], chunks[(r - s - 1) % n]
         got = buf[: recv.numel()]

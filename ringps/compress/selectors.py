@@ -48,9 +48,9 @@ class TopK(Selector):
         n = acc.numel()
         k = max(0, min(k, n))
         if k == n:
-            return Selection(torch.arange(n), acc.clone())
+            return Selection(torch.arange(n, device=acc.device), acc.clone())
         if k == 0:
-            return Selection(torch.empty(0, dtype=torch.long), acc.new_empty(0))
+            return Selection(torch.empty(0, dtype=torch.long, device=acc.device), acc.new_empty(0))
         return _take(acc, torch.topk(acc.abs(), k, sorted=False).indices)
 
 
@@ -67,8 +67,8 @@ class SampledThreshold(Selector):
     def _buffers(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reused per size: fresh 40 MB buffers each step cost more in page faults than the math."""
         n = acc.numel()
-        if n not in self._scratch or self._scratch[n][0].dtype != acc.dtype:
-            self._scratch[n] = (torch.empty_like(acc), torch.empty(n, dtype=torch.bool))
+        if n not in self._scratch or self._scratch[n][0].dtype != acc.dtype or self._scratch[n][0].device != acc.device:
+            self._scratch[n] = (torch.empty_like(acc), torch.empty(n, dtype=torch.bool, device=acc.device))
         return self._scratch[n]
 
     def select(self, acc: torch.Tensor, k: int, step: int = 0, key: int = 0) -> Selection:
@@ -78,7 +78,7 @@ class SampledThreshold(Selector):
         mag, mask = self._buffers(acc)
         torch.abs(acc, out=mag)
         stride = max(1, n // max(MIN_SAMPLE, int(n * SAMPLE_FRACTION)))
-        start = int(torch.randint(0, stride, (1,), generator=self.gen))
+        start = int(torch.randint(0, stride, (1,), generator=self.gen, device="cpu"))
         sample = mag[start::stride]
         ks = max(1, round(k * sample.numel() / n))
         threshold = torch.topk(sample, ks, sorted=False).values.min()
@@ -103,12 +103,14 @@ class RandomK(Selector):
     def select(self, acc: torch.Tensor, k: int, step: int = 0, key: int = 0) -> Selection:
         n = acc.numel()
         k = max(0, min(k, n))
+        # drawn on the CPU whatever the gradients' device: the same positions on every rank and
+        # device (a CUDA generator draws another sequence)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 7_919 + key)  # same on every rank
         if k > n // 4:
-            idx = torch.randperm(n, generator=g)[:k]
+            idx = torch.randperm(n, generator=g, device="cpu")[:k]
         else:
-            idx = torch.unique(torch.randint(0, n, (k,), generator=g))  # a few repeats fall away
-        return _take(acc, idx)
+            idx = torch.unique(torch.randint(0, n, (k,), generator=g, device="cpu"))  # a few repeats fall away
+        return _take(acc, idx.to(acc.device))
 
 
 @SELECTORS.register("auto")

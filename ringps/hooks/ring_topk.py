@@ -124,6 +124,7 @@ class RingTopkState(BucketWork):
         self.chosen: dict[str, int] = {}
         self.decisions: dict[tuple, tuple[str, dict]] = {}  # bucket signature -> (choice, costs) at the final density
         self._ready = False
+        self.device = torch.device("cpu")  # the gradients' device, known at first use
         self._steps: list[float] = []  # per step: its wall time less the hook's own time (compute)
         self._step_end = 0.0
         self._step_comm = 0.0
@@ -192,6 +193,7 @@ class RingTopkState(BucketWork):
         """What needs the process group and the DDP model, done on the first bucket (on every
         rank in the same order, so the link probe is a collective they all join)."""
         self._ready = True
+        self.device = params[0].device  # every tensor the hook makes lives there (NCCL: CUDA only)
         if not any(id(p) in self.names for p in params):
             self._find_names(params)
         if self.memory_units == "update" and not any(id(p) in self.groups for p in params):
@@ -200,7 +202,7 @@ class RingTopkState(BucketWork):
         if self.cost is None and self.exchange_name == "auto":
             from ringps.comm.probe import measured_cost_params
 
-            self.cost = measured_cost_params(self.process_group)
+            self.cost = measured_cost_params(self.process_group, device=self.device)
             if dist.get_rank() == 0:
                 log.info("ringps: measured the links: latency %.3g ms, %.0f Mbit/s per link (ring all-reduce); "
                          "exchange=auto prices each bucket with it (state.summary() says what it chose)",
@@ -299,7 +301,7 @@ class RingTopkState(BucketWork):
         if self._step_end and self.measuring_compute:
             self._steps.append(max(0.0, now - self._step_end - comm_s))
             if len(self._steps) >= self.MEASURED_STEPS:
-                t = torch.tensor([statistics.median(self._steps)], dtype=torch.float64)
+                t = torch.tensor([statistics.median(self._steps)], dtype=torch.float64, device=self.device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
                 self.compute_s = float(t)
                 self.plans.clear()

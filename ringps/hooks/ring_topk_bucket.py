@@ -78,7 +78,7 @@ class BucketWork:
             if sent is None:
                 self.memory.update(tname, None)
             else:
-                lo, hi = torch.searchsorted(sent, torch.tensor([seg.offset, seg.offset + seg.numel])).tolist()
+                lo, hi = torch.searchsorted(sent, torch.tensor([seg.offset, seg.offset + seg.numel], device=sent.device)).tolist()
                 self.memory.update(tname, sent[lo:hi] - seg.offset)
         return small, None
 

@@ -38,7 +38,7 @@ class RingTopk(DDPStrategy):
     def make_hook(self, ctx: WorkerContext) -> tuple[Any, TimedHook]:
         state = self.make_state(ctx).bind(self.model, self.optimizer)
         if state.exchange_name == "auto":
-            state.cost = measured_cost_params(ctx.group)
+            state.cost = measured_cost_params(ctx.group, device=ctx.device)
             b = ctx.sample_batch
             prof = profile_model(self.model, b.inputs.to(ctx.device), b.targets.to(ctx.device)) if b is not None else None
             # one plan for all ranks: rank 0's profile (taken while every rank profiles, as they will train)

@@ -56,7 +56,7 @@ def select_segments(acc: torch.Tensor, segments: list[Segment], selector: Select
         idx.append(sel.indices + s.offset)
         val.append(sel.values)
     if not idx:
-        return Selection(torch.empty(0, dtype=torch.long), acc.new_empty(0))
+        return Selection(torch.empty(0, dtype=torch.long, device=acc.device), acc.new_empty(0))
     return Selection(torch.cat(idx), torch.cat(val))
 
 
@@ -66,7 +66,7 @@ def pack(sel: Selection) -> torch.Tensor:
 
 
 def unpack(msg: torch.Tensor, k: int, dtype: torch.dtype) -> Selection:
-    ib = k * torch.empty(0, dtype=IDX).element_size()
+    ib = k * IDX.itemsize
     return Selection(msg[:ib].view(IDX).long(), msg[ib:].view(dtype))
 
 class Exchange:

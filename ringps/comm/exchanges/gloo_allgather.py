@@ -31,7 +31,7 @@ class GlooAllGather(Exchange):
         return Cost(3 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent)
 
     def combine(self, acc, segments, sel, ring):
-        k = torch.tensor([sel.indices.numel()])
+        k = torch.tensor([sel.indices.numel()], device=sel.values.device)
         counts = [torch.zeros_like(k) for _ in range(ring.size)]
         dist.all_gather(counts, k, group=ring.group)
         kmax = max(int(c) for c in counts)

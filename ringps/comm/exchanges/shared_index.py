@@ -82,7 +82,7 @@ class SharedIndex(Exchange):
             scores.append(torch.linalg.vector_norm(seg[:whole].view(-1, B), dim=1).square_())
             if whole < seg.numel():
                 scores.append(seg[whole:].square().sum().view(1))
-        return torch.cat(scores) if scores else torch.empty(0)
+        return torch.cat(scores) if scores else torch.empty(0, device=tensors[0].device if tensors else None)
 
     def pick(self, segments: list[Segment], scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat positions of the chosen blocks' entries and the chosen block numbers (same on every rank)."""
@@ -93,14 +93,15 @@ class SharedIndex(Exchange):
             kb = min(nb, -(-s.k // B))
             if kb > 0:
                 top = torch.topk(scores[start : start + nb], kb, sorted=False).indices.sort().values
-                pos = (top.unsqueeze(1) * B + torch.arange(B)).flatten() + s.offset
+                pos = (top.unsqueeze(1) * B + torch.arange(B, device=top.device)).flatten() + s.offset
                 if top[-1] == nb - 1:  # the segment's last block may be short: drop the positions past it
                     pos = pos[: pos.numel() - (nb * B - s.numel)]
                 picked.append(pos)
                 blocks.append(top + start)
             start += nb
         if not picked:
-            return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+            none = torch.empty(0, dtype=torch.long, device=scores.device)
+            return none, none
         return torch.cat(picked), torch.cat(blocks)
 
     def combine(self, acc, segments, prepared, ring):

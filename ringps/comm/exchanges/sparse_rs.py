@@ -36,12 +36,12 @@ class _Part:
         val = torch.cat([self.val, other.val])
         idx, order = torch.sort(idx, stable=True)
         uniq, inverse = torch.unique_consecutive(idx, return_inverse=True)
-        return _Part(uniq, torch.zeros(uniq.numel(), dtype=val.dtype).index_add_(0, inverse, val[order]))
+        return _Part(uniq, val.new_zeros(uniq.numel()).index_add_(0, inverse, val[order]))
 
     def to_dense(self, length: int) -> torch.Tensor:
         if self.dense is not None:
             return self.dense.clone()
-        return torch.zeros(length, dtype=self.val.dtype).index_add_(0, self.idx, self.val)
+        return self.val.new_zeros(length).index_add_(0, self.idx, self.val)
 
     def message(self) -> tuple[list[int], torch.Tensor]:
         """Whichever is smaller on the wire: (index, value) pairs or the dense values."""
@@ -79,7 +79,7 @@ class SparseReduceScatter(Exchange):
     def combine(self, acc, segments, sel, ring):
         n, N, r = acc.numel(), ring.size, ring.rank
         bounds = [n * j // N for j in range(N + 1)]
-        cuts = torch.searchsorted(sel.indices, torch.tensor(bounds)).tolist()
+        cuts = torch.searchsorted(sel.indices, torch.tensor(bounds, device=sel.indices.device)).tolist()
         parts = [
             _Part(sel.indices[cuts[j] : cuts[j + 1]] - bounds[j], sel.values[cuts[j] : cuts[j + 1]]) for j in range(N)
         ]
