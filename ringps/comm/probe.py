@@ -16,12 +16,20 @@ import torch.distributed as dist
 from ringps.cost import CostParams
 
 
+def _sync(device) -> None:
+    """Wait for the device's queued kernels (NCCL's collectives return once queued): a no-op on CPU."""
+    if torch.device(device or "cpu").type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed(t: torch.Tensor, group, reps: int) -> float:
     times = []
     for _ in range(reps):
         dist.barrier(group=group)
+        _sync(t.device)
         t0 = time.perf_counter()
         dist.all_reduce(t, group=group)
+        _sync(t.device)
         times.append(time.perf_counter() - t0)
     worst = torch.tensor([min(times)], dtype=torch.float64, device=t.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
@@ -58,15 +66,12 @@ def measured_cost_params(group=None, calibrate: bool = True, device=None) -> Cos
 
 
 def _time(fn, reps: int = 3, device=None) -> float:
-    cuda = torch.device(device or "cpu").type == "cuda"
     best = float("inf")
     for _ in range(reps):
-        if cuda:  # a kernel's time, not its launch's
-            torch.cuda.synchronize(device)
+        _sync(device)  # a kernel's time, not its launch's
         t0 = time.perf_counter()
         fn()
-        if cuda:
-            torch.cuda.synchronize(device)
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
