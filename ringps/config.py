@@ -82,7 +82,8 @@ class RunConfig(Section):
     threads: int = Field(1, ge=1, le=64, description="intra-op threads per process")
     malloc_keep_mb: int = Field(256, ge=0, le=1 << 16, description="glibc: freed memory each process keeps for reuse, "
                                 "instead of faulting it back every step (ringps/malloc.py); 0: glibc's defaults")
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: nccl with CUDA, else gloo")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="auto: nccl with CUDA, else gloo (gloo for ps-* strategies, on the CPU)")
     timeout: float = Field(120.0, gt=0, description="seconds any wait on another process may take")
     seed: int = Field(0, ge=0, description="seed for data order, init and selection")
     name: Optional[str] = Field(None, description="run name (default: STRATEGY-TIMESTAMP)")

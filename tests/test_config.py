@@ -52,6 +52,7 @@ def check_one_line(code: int, err: str, expected: str) -> None:
         (["--diloco-outer-momentum", "1"], "--diloco-outer-momentum 1: must be < 1"),
         (["--exchange", "nope"], "--exchange nope: unknown exchange 'nope'; known:"),
         (["--memory", "sgd"], "--memory sgd: unknown memory 'sgd'; known: ef"),
+        (["--strategy", "ps-async", "--backend", "nccl"], "--backend nccl: the parameter servers speak gloo"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, expected):
@@ -130,3 +131,18 @@ def test_list_names_every_registry():
     text = " ".join(out.stdout.replace("│", " ").split())
     for name in [*EXCHANGES.names(), *POLICIES.names(), "facenet", "orl-faces"]:
         assert name in text, name
+
+
+def test_auto_backend_is_nccl_on_cuda_but_gloo_for_parameter_servers(monkeypatch):
+    """A GPU host: DDP strategies get NCCL; a parameter-server job gloo (its tagged point-to-point
+    and any-source receives are gloo's), where NCCL would fail at its first receive."""
+    import torch
+
+    from ringps.launch.worker import pick_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_backend(validate({"strategy": "ring-topk"})) == "nccl"
+    assert pick_backend(validate({"strategy": "ps-threshold"})) == "gloo"
+    assert pick_backend(validate({"strategy": "ring-topk", "backend": "gloo"})) == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_backend(validate({"strategy": "allreduce"})) == "gloo"

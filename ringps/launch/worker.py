@@ -49,8 +49,12 @@ def roles(cfg: Config, world: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def pick_backend(cfg: Config) -> str:
+    """auto: NCCL where CUDA is, but gloo for a parameter-server job (its tagged point-to-point
+    and any-source receives are gloo's, on CPU buffers), whose workers then compute on the CPU."""
     if cfg.run.backend != "auto":
         return cfg.run.backend
+    if STRATEGIES.get(cfg.strategy.strategy).needs_servers:
+        return "gloo"
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 

@@ -69,6 +69,9 @@ class ParameterServer(Strategy):
         if cfg.train.optimizer != "sgd":
             raise ConfigError(f"--optimizer {cfg.train.optimizer}: the parameter servers run momentum SGD "
                               f"({cfg.strategy.strategy}); use --optimizer sgd")
+        if cfg.run.backend == "nccl":
+            raise ConfigError(f"--backend nccl: the parameter servers speak gloo's tagged point-to-point on CPU "
+                              f"buffers ({cfg.strategy.strategy}); use --backend gloo (or auto, which picks it)")
 
     def layout(self, model: nn.Module, ctx: WorkerContext, plan: Optional[Plan] = None) -> Layout:
         layout = Layout.of(model, servers=len(ctx.server_ranks))
