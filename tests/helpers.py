@@ -53,3 +53,11 @@ def finished_run(folder: Path, strategy: str, summary: dict, rows: list[dict], *
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     return folder
+
+
+def toy(step_s=1.0, params=1_000_000):
+    """A two-layer workload for the simulator: a quarter of the FLOPs in the first layer."""
+    from ringps.sim.workload import Workload
+
+    return Workload(name="toy", batch=32, step_s=step_s, steps_to_target=100,
+                    layers=[{"name": "a", "params": params // 2, "flops": 1.0}, {"name": "b", "params": params // 2, "flops": 3.0}])

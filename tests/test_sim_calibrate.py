@@ -1,0 +1,117 @@
+"""`ringps simulate --calibrate` writes every machine constant it fits, and `--strategy auto`
+prices the job with a calibration of its cluster or, without one, with its step timed here."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+from helpers import finished_run
+
+from ringps.errors import ConfigError, RingpsError
+from ringps.sim.predict import load_calibration, load_progress
+
+
+def test_calibrate_cli_writes_every_machine_constant(tmp_path):
+    """`ringps simulate --calibrate` on two run folders (allreduce and fp16, 2 workers at 1 Gbit/s,
+    each with the host kernel's CPU per step recorded) writes the fitted constants, CPU per byte
+    among them."""
+    import yaml
+
+    runs = []
+    # kernel CPU per step: 0.25 s per second of step plus 7.5e-10 s per byte (2 workers x sent + received)
+    for strategy, step, sent in (("allreduce", 1.0, 1e8), ("fp16", 0.8, 5e7)):
+        kernel = 0.25 * step + 7.5e-10 * 2 * 2 * sent
+        # the compute alternates 0.5 x e^(+-0.1) from step to step: a log sd of 0.1 x sqrt(6/5) over steps 2-6
+        rows = [{"kind": "step", "worker": k % 2, "step": k // 2 + 1, "t": step * (k // 2 + 1),
+                 "compute_s": 0.5 * math.exp(0.1 if k // 2 % 2 else -0.1)} for k in range(12)]
+        runs.append(str(finished_run(tmp_path / strategy, strategy, {
+            "step_s_median": step, "time_to_accuracy_s": None, "host_kernel_cpu_s_per_step": kernel,
+            "bytes_sent_per_step": sent, "bytes_recv_per_step": sent}, rows, net="1gbit", workers=2)))
+    out = tmp_path / "fit.yaml"
+    r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--calibrate", *runs, "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert doc["cpu_per_byte"] == pytest.approx(7.5e-10, rel=1e-2)
+    assert 0.05 < doc["efficiency"] <= 1 and doc["compute_a"] > 0
+    assert "CPU per byte moved 7.5e-10 s" in r.stdout
+    assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
+    assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
+    assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back
+
+
+def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
+    """With a calibration of the cluster (`--auto-calibration`), auto prices the job with the
+    file's machine constants, its processes sharing this machine's cores. Compute as the bare
+    profile says (a 1.0) leaves the 43 MB exchange exposed at 1 Gbit/s and a compressed exchange
+    wins; at 4x the profile per whole core (this machine's) the exchange hides behind the backward
+    and dense fp16 wins. The shipped progress factors stand in for the strategies the file did
+    not fit."""
+    from ringps.config import load_config
+    from ringps.cost import cores
+    from ringps.launch.run import resolve_auto
+
+    job = {"model": "facenet", "dataset": "orl-faces", "workers": 4, "net": "1gbit", "strategy": "auto"}
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("compute_a: 1.0\nefficiency: 0.85\n")
+    _, plain = resolve_auto(load_config(None, {**job, "auto_calibration": str(bare)}))
+    assert plain["chosen"].split(" ")[0] in ("topk-allgather", "ring-topk", "powersgd")
+    assert plain["measured_step"] is None  # a calibration prices the machine: nothing is timed
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("compute_a: 4.0\nefficiency: 0.85\nfactor: {powersgd: 0.9}\n")
+    cfg, plan = resolve_auto(load_config(None, {**job, "auto_calibration": str(cal)}))
+    assert plan["cluster"]["compute_scale"] == 4.0 and plan["cluster"]["shared_cores"] == cores()
+    assert plan["chosen"] == "fp16" and cfg.strategy.strategy == "fp16"
+    tta = {r["strategy"]: r["time_to_accuracy_s"] for r in plan["ranking"]}
+    # fp16's shipped factor (1.083: fewer steps than allreduce's) survives the file's own factors
+    assert tta["fp16"] < tta["allreduce"] and tta["powersgd (powersgd_rank=4)"] > tta["fp16"]
+    # the shipped factors stand in where the file fitted none, its own win
+    merged = load_calibration(str(cal), "--auto-calibration")
+    assert merged.factor["powersgd"] == 0.9 and merged.factor["topk-allgather"] == load_progress(None).factor["topk-allgather"]
+    # `ringps plan --auto --here` prints the choice `ringps train --strategy auto` makes with the same flags
+    out = subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", "--here", "--workers", "4", "--net", "1gbit",
+                          "--calibration", str(cal)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "recommended: fp16: predicted time-to-accuracy" in " ".join(out.stdout.split())
+    with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
+        resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))
+
+
+def test_auto_without_a_calibration_times_the_jobs_step_here():
+    """Without a calibration file auto times the job's own step on this machine (its model, batch,
+    loss and optimizer, in a process of its own) and prices the profile by it: the profile times
+    only the layers that own parameters, and the machine's speed is the one the job will see."""
+    from ringps.config import load_config
+    from ringps.cost import cores
+    from ringps.launch.run import resolve_auto
+    from ringps.sim.workload import load_workload
+
+    job = {"model": "facenet", "dataset": "orl-faces", "workers": 4, "net": "1gbit", "strategy": "auto"}
+    cfg, plan = resolve_auto(load_config(None, job))
+    m = plan["measured_step"]
+    assert m["steps"] == 6 and m["compute_s"] > 0 and m["optimizer_s"] > 0
+    profile = load_workload("facenet").compute_s
+    assert m["profile_compute_s"] == pytest.approx(profile)
+    # every layer priced at the measured whole step over the profile's, the cores shared as in a run
+    assert plan["cluster"]["compute_scale"] == pytest.approx((m["compute_s"] + m["optimizer_s"]) / profile)
+    assert plan["cluster"]["shared_cores"] == cores()
+    assert plan["ranking"][0]["strategy"] == plan["chosen"] and cfg.strategy.strategy == plan["chosen"].split(" ")[0]
+
+
+def test_measuring_the_step_fails_in_one_line_and_leaves_no_process(tmp_path):
+    from ringps.config import load_config
+    from ringps.launch.measure import measure_step
+
+    cfg = load_config(None, {"model": "facenet", "dataset": "orl-faces", "workers": 2})
+    with pytest.raises(RingpsError, match=r"took longer than 0\.5s; give --auto-calibration FILE"):
+        measure_step(cfg, timeout=0.5)
+    bad = load_config(None, {"model": "mlp", "dataset": f"folder:{tmp_path / 'none'}", "workers": 2})
+    with pytest.raises(RingpsError, match="needs at least two subfolders") as e:  # the job's own error
+        measure_step(bad)
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    left = subprocess.run(["pgrep", "-f", "ringps.launch.measure"], capture_output=True, text=True).stdout.split()
+    assert left == []
