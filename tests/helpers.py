@@ -11,6 +11,7 @@ import torch
 
 from ringps.config import Config, validate
 from ringps.data.loader import Batch
+from ringps.sim.workload import Workload
 from ringps.strategies.base import Stretch, WorkerContext
 
 
@@ -55,9 +56,7 @@ def finished_run(folder: Path, strategy: str, summary: dict, rows: list[dict], *
     return folder
 
 
-def toy(step_s=1.0, params=1_000_000):
+def toy(step_s=1.0, params=1_000_000) -> Workload:
     """A two-layer workload for the simulator: a quarter of the FLOPs in the first layer."""
-    from ringps.sim.workload import Workload
-
     return Workload(name="toy", batch=32, step_s=step_s, steps_to_target=100,
                     layers=[{"name": "a", "params": params // 2, "flops": 1.0}, {"name": "b", "params": params // 2, "flops": 3.0}])
