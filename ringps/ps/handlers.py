@@ -12,7 +12,8 @@ and `requests` for per-layer pushes and uses the rest as is.
 
 What it uses of the server: rank, index, workers, timeout, shard (values, version, the lock),
 layout, policy, n, sample_n, recv (receive buffers), snapshots, live, failed, finished, applied,
-refused, recorder, and the methods hold, commit, settle, flush_verdicts.
+refused, recorder and its lock `_write`; it sets started and ended; and it calls hold, commit,
+settle and flush_verdicts.
 """
 
 from __future__ import annotations
@@ -186,4 +187,3 @@ class Handlers:
         if not self.policy.carries_on and self.failed:
             w = next(iter(self.failed))
             raise WorkerFailed(f"server rank {self.rank}: worker rank {w} failed in a synchronous job: {self.failed[w]}")
-
