@@ -109,6 +109,24 @@ def test_async_push_rate_is_every_workers_own_rate_summed():
     assert p.extra["mean_staleness"] == pytest.approx(3.0, rel=0.1)
 
 
+def test_staleness_counts_the_pushes_applied_while_the_reply_crossed_the_link():
+    """A reply carries the server's values as they are when it is sent (its snapshot's version),
+    and the next push is judged against that version, as ringps's server does. Hand-computed: 2
+    equal workers, 1 s of compute, a transfer alone 1 s (4 MB at 32 Mbit/s), a fair link: both
+    push at 1 s and finish at 3 s; worker 0's push is applied (version 1), then worker 1's (2);
+    the replies carry versions 1 and 2, and at the next applies (2, then 3) each push is 1 behind,
+    and so on: N - 1 = 1 for every push but the very first. (Reading the version when the next
+    compute starts, after the reply, counted worker 0's pushes 0 behind: mean 0.5.)"""
+    link = {"net": "32mbit", "latency_s": 0.0, "efficiency": 1.0}
+    p = simulate("ps-async", toy(), ClusterSpec(workers=2, **link), Options(), Progress(), steps=20)
+    assert p.extra["staleness_histogram"][0] == 1 and set(p.extra["staleness_histogram"]) == {0, 1}
+    assert p.step_s == pytest.approx(5.0, rel=0.01)  # 1 s of compute, 2 s each for the shared pushes and replies
+    # 4 workers bunched the same way: every push after the first round is 3 behind
+    p = simulate("ps-async", toy(), ClusterSpec(workers=4, **link), Options(), Progress(), steps=20)
+    hist = p.extra["staleness_histogram"]
+    assert sorted(hist) == [0, 1, 2, 3] and hist[3] == sum(hist.values()) - 3
+
+
 def test_processor_sharing_against_hand_computed_phases():
     from ringps.sim.cpu import Phase, share
 

@@ -9,7 +9,8 @@ served: link.py), then takes the server's update lock for the update (a few pass
 shard), then its reply crosses the outgoing link, shared the same way (while both directions
 carry transfers, each at `server_duplex` of its rate); the bytes' CPU
 (`cpu_per_byte`) follows on the worker's cores. Server 0 counts versions: a push's staleness is
-the versions applied since the worker's values; threshold drops it when over T (no version bump,
+the versions applied since the worker's values were sent to it (the version its last reply
+carried, as the server's snapshot does); threshold drops it when over T (no version bump,
 a reply all the same), SSP holds the reply while the worker is more than T pushes ahead of the
 slowest, BSP waits for every worker's push of the version.
 
@@ -66,6 +67,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     own_cpu = c.cpu_per_byte * 2 * w.params * 4.0  # a push and its reply: every parameter each way
 
     def push(i: int, seen: int):
+        """One push and its reply; returns the version of the values the reply carries."""
         # the shards travel in parallel, each over its server's link, shared with other workers'
         yield env.process(up.transfer(shard * 4))
         with lock.request() as req:  # server 0 judges (the others apply in parallel: same time)
@@ -95,7 +97,13 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
         if policy == "ssp":
             while clock[i] - min(clock[j] for j in range(n)) > T:
                 yield env.timeout(t_link)
+        # the reply carries the values as they are when it is sent (the server's snapshot), and
+        # the worker's next push is judged against that version: the pushes applied while the
+        # reply crosses the link count as staleness (versions read at the next compute's start
+        # missed them, and bunched pushes looked fresher than ringps measures them)
+        sent = state["version"]
         yield env.process(down.transfer(shard * 4))
+        return sent
 
     def work(secs: float) -> simpy.Event:
         """CPU work: on the emulated cluster's shared cores, processor-shared with every other
@@ -105,9 +113,9 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
 
     def worker(i: int):
         last = None  # the last compute, Stretch's base
+        seen = 0  # the version of the worker's values: the start's, then its last reply's
         while True:  # until the budget is applied (env.run's end)
             t0 = env.now
-            seen = state["version"]
             j = rng.lognormvariate(0, c.jitter) if c.jitter else 1.0
             if cores is None:  # a device of its own: f times slower is f times longer
                 yield env.timeout(w.compute_s * slow[i] * j)
@@ -118,7 +126,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
                 yield work(bwd * j)
                 last = env.now - t0 - pause
             computes.append(env.now - t0)
-            yield env.process(push(i, seen))
+            seen = yield env.process(push(i, seen))
             if own_cpu:  # the bytes moved cost CPU on the cores it computes on
                 yield work(own_cpu)
             cycles.append(env.now - t0)
