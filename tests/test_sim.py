@@ -286,7 +286,8 @@ def test_simulate_cli_prints_json_per_strategy():
 def test_calibration_fits_progress_factors_against_allreduce():
     from pathlib import Path
 
-    from ringps.sim.calibrate import Measured, fit_progress
+    from ringps.sim.calibrate import Measured
+    from ringps.sim.progress_fit import fit_progress
 
     def m(strategy, steps, seed):
         return Measured(Path(f"/r/{strategy}{seed}"), strategy, 4, 1, "100mbit", None, 1.0, 2.0, steps, 100.0, seed,
@@ -299,13 +300,59 @@ def test_calibration_fits_progress_factors_against_allreduce():
     assert "powersgd" not in f and "ps-async" not in f  # never reached; asynchronous pushes are priced by staleness
 
 
+def test_calibration_prices_staleness_from_the_pushes_an_async_run_needed(tmp_path):
+    """`staleness_a` from run folders: allreduce reached the target in 50 steps at 4 workers, so
+    50 x 4 = 200 pushes of fresh gradients would have; the ps-async run needed 260, every one 3
+    versions behind (its metrics' step rows, up to the evaluation that reached the target; the
+    30 after it do not count): 1 / (1 + 3a) = 200 / 260, a = 0.1. Edges: a run no slower than
+    fresh pushes prices staleness at 0; one whose pushes were all fresh and still slower says
+    nothing of staleness; ps-sync is not priced by it; no such run, None (the stated 0.1 stays)."""
+    from pathlib import Path
+
+    import yaml
+    from helpers import finished_run
+
+    from ringps.sim.calibrate import Measured, read_run
+    from ringps.sim.progress_fit import fit_staleness
+
+    def run(name, strategy, pushes, evals_at, stale=3):
+        rows = [{"kind": "step", "worker": k % 4, "step": k // 4 + 1, "t": 0.1 * k, "wall": 1000.0 + 0.1 * k,
+                 "compute_s": 0.5, "staleness": stale, "applied": True} for k in range(pushes)]
+        rows.append({"kind": "eval", "worker": 0, "step": evals_at // 4 if strategy.startswith("ps-") else evals_at,
+                     "t": 0.1 * evals_at, "wall": 1000.0 + 0.1 * evals_at, "began": 1000.0 + 0.1 * evals_at - 0.05,
+                     "accuracy": 0.93})
+        folder = finished_run(tmp_path / name, strategy, {"step_s_median": 1.0, "time_to_accuracy_s": 10.0,
+                                                           "staleness_histogram": {str(stale): pushes}}, rows, workers=4)
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+        cfg["train"]["target_accuracy"] = 0.9
+        (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return read_run(folder)
+
+    ref, stale = run("allreduce", "allreduce", 200, 50), run("ps-async", "ps-async", 290, 260)
+    assert stale.extra["to_target"] == {"pushes": 260, "dropped": 0, "histogram": {3: 260}}
+    assert fit_staleness([ref, stale]) == pytest.approx(0.1, abs=1e-4)
+
+    def m(strategy, hist, pushes, dropped=0):
+        return Measured(Path(f"/r/{strategy}"), strategy, 4, 1, ref.net, None, 1.0, 2.0, None, 100.0, 0, "facenet",
+                        {"to_target": {"pushes": pushes, "dropped": dropped, "histogram": hist}})
+
+    assert fit_staleness([ref, m("ps-async", {3: 190}, 190)]) == 0.0  # faster than fresh pushes
+    assert fit_staleness([ref, m("ps-async", {0: 300}, 300)]) is None  # all fresh, still slower: not staleness
+    assert fit_staleness([ref, m("ps-sync", {0: 260}, 260)]) is None and fit_staleness([ref]) is None
+    # drops are worth nothing (as predict.py prices them): 300 pushes 3 behind, 60 of them
+    # dropped: 0.8 / (1 + 3a) = 200 / 300
+    a = fit_staleness([ref, m("ps-threshold", {3: 300}, 300, dropped=60)])
+    assert 0.8 / (1 + 3 * a) == pytest.approx(200 / 300, rel=1e-3)
+
+
 def test_ring_topks_progress_factor_is_a_sparse_steps_and_a_variant_does_not_blur_it():
     """A ring-topk run whose cost model sent every bucket dense progresses as dense training: its
     steps say nothing of a sparse step's factor. Half sparse at ratio r: factor 1 - (1 - r) / 0.5.
     A variant (`ring-topk+value_dtype=fp16`) fits only where the plain strategy has no runs."""
     from pathlib import Path
 
-    from ringps.sim.calibrate import Measured, fit_progress
+    from ringps.sim.calibrate import Measured
+    from ringps.sim.progress_fit import fit_progress
 
     def m(label, steps, share, seed=0):
         return Measured(Path(f"/r/{label}-r{seed}"), label.split("+")[0], 4, 1, "1gbit", None, 1.0, 2.0, steps, 100.0,

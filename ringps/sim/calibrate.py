@@ -22,8 +22,10 @@ links, slowdown, the median compute and step time per step and the steps to the 
   there is a copy between processes, faster than the stand-in;
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
   itemises (PowerSGD's products and error feedback): measured less predicted step, median;
-- progress: each strategy's steps to the target against allreduce's in the same setting and seed
-  (`factor`), and `staleness_a` of asynchronous pushes (a 1-D search on the ps-* runs).
+- progress (sim/progress_fit.py): each strategy's steps to the target against allreduce's in the
+  same setting and seed (`factor`), and `staleness_a` of asynchronous pushes (a 1-D search on
+  the ps-* runs that reached the target, the staleness of their pushes up to it against
+  allreduce's steps; 0.1 as stated where none did).
 It prints how well the fit holds: predicted against measured step time, run by run.
 """
 
@@ -33,6 +35,7 @@ import json
 import math
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -134,12 +137,19 @@ def read_run(run: Path) -> Measured:
         n = (len(ts) - 1) // h * h
         step_s = (ts[n] - ts[0]) / n if n else step_s
     target = cfg["train"].get("target_accuracy")
-    reached = next((r["step"] for r in rows if r["kind"] == "eval" and target and r["accuracy"] >= target), None)
+    hit = next((r for r in rows if r["kind"] == "eval" and target and r["accuracy"] >= target), None)
+    reached = hit["step"] if hit else None
+    # a parameter-server job's progress is its pushes (every worker's), not one worker's steps:
+    # those made before the evaluation that reached the target began, each with its staleness
+    pushed = [r for r in steps if r["wall"] <= hit.get("began", hit["wall"])] if hit and strategy.startswith("ps-") else []
+    to_target = {"pushes": len(pushed), "dropped": sum(not r.get("applied", True) for r in pushed),
+                 "histogram": dict(Counter(r["staleness"] for r in pushed if r.get("staleness") is not None))}
     return Measured(run, strategy, cfg["run"]["workers"], cfg["run"]["servers"], cfg["run"].get("net"),
                     slow, statistics.median(comp) if comp else 0.0, step_s, reached,
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
-                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s)},
+                     "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s),
+                     "to_target": to_target if pushed else None},
                     options_of(cfg, s, next((r.get("steps") for r in rows if r["kind"] == "start"), None)),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
@@ -348,31 +358,11 @@ def fit_cpu(runs: list[Measured], w, f: Fitted) -> dict[str, float]:
     return {k: round(statistics.median(v), 4) for k, v in out.items()}
 
 
-def fit_progress(runs: list[Measured]) -> dict[str, float]:
-    ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
-    ratios: dict[str, list[float]] = {}
-    for strategy, ms in plain(runs).items():
-        for m in ms:
-            base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
-            if not (base and m.steps_to_target) or strategy.startswith("ps-"):
-                continue
-            tail = m.options.tail_from if m.options is not None else None
-            if tail is not None and m.steps_to_target > tail:  # reached in ring-topk's exact tail: two
-                continue  # exchanges' progress mixed (predict.py weighs them apart)
-            r, share = base / m.steps_to_target, m.extra.get("sparse_share")
-            if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor), the
-                # dense remainder taken at allreduce's progress (predict.py gives a 16-bit one fp16's)
-                if share < 0.5:  # mostly dense: says little about a sparse step
-                    continue
-                r = 1 - (1 - r) / share
-            ratios.setdefault(strategy, []).append(r)
-    return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
-
-
 def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: Optional[list[Path]] = None) -> int:
     """`duplex_probes`: benchmarks/server_link.py results of the cluster's server links, taken as
     measured (`fit`), written to the file with the rest, so `--auto-calibration` prices the
     servers' lossy links as the calibration did."""
+    from ringps.sim.progress_fit import STALENESS_A, fit_progress, fit_staleness
     from ringps.sim.workload import load_workload
 
     runs = [read_run(r) for r in run_dirs]
@@ -383,6 +373,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     f = fit(runs, w, duplex_from_probes(duplex_probes) if duplex_probes else None)
     cpu = fit_cpu(runs, w, f)
     factor = fit_progress(runs)
+    stale_a = fit_staleness(runs)
     dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
     console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
                   f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
@@ -398,11 +389,13 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
         errors.append(abs(err))
         console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
                       f"measured, {p:.3f}s predicted ({err:+.0%})")
-    console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}")
+    console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}; "
+                  + (f"staleness_a {stale_a} (asynchronous pushes to the target)" if stale_a is not None else
+                     f"staleness_a {STALENESS_A} as stated (no asynchronous run reached the target beside an allreduce one)"))
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            # steps to the target only where the runs reached it (else the profile's own, at its workers)
            **({"workers_ref": runs[0].workers, "dense_steps": statistics.median(dense)} if dense else {}),
-           "factor": factor, "staleness_a": 0.1, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
+           "factor": factor, "staleness_a": STALENESS_A if stale_a is None else stale_a, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu,
            "duplex": f.duplex}

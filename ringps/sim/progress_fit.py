@@ -1,0 +1,72 @@
+"""The progress model's constants fitted from run folders (`ringps simulate --calibrate`).
+
+- `factor`: per synchronous strategy, its steps to the target against allreduce's in the same
+  setting and seed (ring-topk's as a sparse step's, on the share its cost model sent sparse);
+- `staleness_a`: the price of an asynchronous push's staleness, from the parameter-server runs
+  that reached the target: their pushes, each with its staleness, against allreduce's steps.
+
+predict.py states how the two are used; calibrate.py reads the runs (`Measured`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from ringps.sim.calibrate import Measured, plain
+
+
+def fit_progress(runs: list[Measured]) -> dict[str, float]:
+    ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
+    ratios: dict[str, list[float]] = {}
+    for strategy, ms in plain(runs).items():
+        for m in ms:
+            base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
+            if not (base and m.steps_to_target) or strategy.startswith("ps-"):
+                continue
+            tail = m.options.tail_from if m.options is not None else None
+            if tail is not None and m.steps_to_target > tail:  # reached in ring-topk's exact tail: two
+                continue  # exchanges' progress mixed (predict.py weighs them apart)
+            r, share = base / m.steps_to_target, m.extra.get("sparse_share")
+            if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor), the
+                # dense remainder taken at allreduce's progress (predict.py gives a 16-bit one fp16's)
+                if share < 0.5:  # mostly dense: says little about a sparse step
+                    continue
+                r = 1 - (1 - r) / share
+            ratios.setdefault(strategy, []).append(r)
+    return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
+
+
+STALENESS_A = 0.1  # the progress model's stated price of staleness where no run measures it (predict.py)
+
+
+def fit_staleness(runs: list[Measured]) -> Optional[float]:
+    """`staleness_a` of the progress model (an asynchronous push is worth 1 / N of a dense step
+    x 1 / (1 + a x s) at staleness s, nothing when dropped): per asynchronous parameter-server run
+    that reached the target, the `a` at which its measured staleness histogram and drops make
+    its pushes to the target worth the dense steps allreduce needed in the same setting and seed
+    (a 1-D search: the worth falls as `a` grows); the median over runs. None: no such run."""
+    ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
+    fits = []
+    for m in runs:
+        base, reach = ref.get((m.net, str(m.slowdown), m.workers, m.seed)), m.extra.get("to_target") or {}
+        hist, pushes = reach.get("histogram"), reach.get("pushes")
+        if m.strategy == "ps-sync" or not m.strategy.startswith("ps-") or not (base and pushes and hist):
+            continue
+        total = sum(hist.values())
+        kept = 1 - reach.get("dropped", 0) / pushes
+
+        def worth(a: float) -> float:  # the mean push's share of 1 / N of a dense step
+            return kept * sum(v / (1 + a * k) for k, v in hist.items()) / total
+
+        need = base * m.workers / pushes  # what the pushes to the target were worth, each
+        if need >= worth(0.0):
+            fits.append(0.0)  # no slower than synchronous pushes: staleness cost nothing
+        elif worth(100.0) < need:
+            lo, hi = 0.0, 100.0
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if worth(mid) > need else (lo, mid)
+            fits.append(lo)
+        # else: slower than any price of staleness explains (drops or a fresh-only histogram)
+    return round(statistics.median(fits), 4) if fits else None
