@@ -395,7 +395,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            # steps to the target only where the runs reached it (else the profile's own, at its workers)
            **({"workers_ref": runs[0].workers, "dense_steps": statistics.median(dense)} if dense else {}),
-           "factor": factor, "staleness_a": STALENESS_A if stale_a is None else stale_a, "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
+           "factor": factor, "staleness_a": STALENESS_A if stale_a is None else stale_a,
+           "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu,
            "duplex": f.duplex}

@@ -17,6 +17,8 @@ from ringps.sim.calibrate import Measured, plain
 
 
 def fit_progress(runs: list[Measured]) -> dict[str, float]:
+    """Per synchronous strategy, allreduce's steps to the target over its own, the same setting
+    and seed; median over its runs (a variant's only where the plain strategy has none)."""
     ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
     ratios: dict[str, list[float]] = {}
     for strategy, ms in plain(runs).items():
@@ -53,20 +55,23 @@ def fit_staleness(runs: list[Measured]) -> Optional[float]:
         hist, pushes = reach.get("histogram"), reach.get("pushes")
         if m.strategy == "ps-sync" or not m.strategy.startswith("ps-") or not (base and pushes and hist):
             continue
-        total = sum(hist.values())
         kept = 1 - reach.get("dropped", 0) / pushes
-
-        def worth(a: float) -> float:  # the mean push's share of 1 / N of a dense step
-            return kept * sum(v / (1 + a * k) for k, v in hist.items()) / total
-
         need = base * m.workers / pushes  # what the pushes to the target were worth, each
-        if need >= worth(0.0):
+        if need >= worth(hist, kept, 0.0):
             fits.append(0.0)  # no slower than synchronous pushes: staleness cost nothing
-        elif worth(100.0) < need:
-            lo, hi = 0.0, 100.0
+        elif worth(hist, kept, A_MAX) < need:
+            lo, hi = 0.0, A_MAX
             for _ in range(60):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if worth(mid) > need else (lo, mid)
+                lo, hi = (mid, hi) if worth(hist, kept, mid) > need else (lo, mid)
             fits.append(lo)
-        # else: slower than any price of staleness explains (drops or a fresh-only histogram)
+        # else: slower than any price of staleness explains (drops, or every push fresh)
     return round(statistics.median(fits), 4) if fits else None
+
+
+A_MAX = 100.0  # the search's ceiling: a push 1 behind worth under 1% of a fresh one
+
+
+def worth(hist: dict[int, int], kept: float, a: float) -> float:
+    """A mean push's worth in 1 / N of a dense step, at staleness price `a` (predict.py's rule)."""
+    return kept * sum(v / (1 + a * k) for k, v in hist.items()) / sum(hist.values())
