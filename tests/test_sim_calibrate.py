@@ -41,6 +41,7 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     assert "CPU per byte moved 7.5e-10 s" in r.stdout
     assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
     assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
+    assert "staleness_a" not in doc  # nor a price of staleness: the shipped model's stands (load_calibration)
     assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back
 
 
@@ -72,6 +73,10 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     # the shipped factors stand in where the file fitted none, its own win
     merged = load_calibration(str(cal), "--auto-calibration")
     assert merged.factor["powersgd"] == 0.9 and merged.factor["topk-allgather"] == load_progress(None).factor["topk-allgather"]
+    # so does the price of staleness, where the file's runs had no asynchronous one to fit it on
+    assert merged.staleness_a == load_progress(None).staleness_a
+    cal.write_text(cal.read_text() + "staleness_a: 0.3\n")
+    assert load_calibration(str(cal), "--auto-calibration").staleness_a == 0.3
     # `ringps plan --auto --here` prints the choice `ringps train --strategy auto` makes with the same flags
     out = subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", "--here", "--workers", "4", "--net", "1gbit",
                           "--calibration", str(cal)], capture_output=True, text=True, timeout=120)

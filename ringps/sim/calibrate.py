@@ -25,7 +25,7 @@ links, slowdown, the median compute and step time per step and the steps to the 
 - progress (sim/progress_fit.py): each strategy's steps to the target against allreduce's in the
   same setting and seed (`factor`), and `staleness_a` of asynchronous pushes (a 1-D search on
   the ps-* runs that reached the target, the staleness of their pushes up to it against
-  allreduce's steps; 0.1 as stated where none did).
+  allreduce's steps; where none did, the file leaves it to the shipped model's).
 It prints how well the fit holds: predicted against measured step time, run by run.
 """
 
@@ -362,7 +362,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     """`duplex_probes`: benchmarks/server_link.py results of the cluster's server links, taken as
     measured (`fit`), written to the file with the rest, so `--auto-calibration` prices the
     servers' lossy links as the calibration did."""
-    from ringps.sim.progress_fit import STALENESS_A, fit_progress, fit_staleness
+    from ringps.sim.progress_fit import fit_progress, fit_staleness
     from ringps.sim.workload import load_workload
 
     runs = [read_run(r) for r in run_dirs]
@@ -391,11 +391,11 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
                       f"measured, {p:.3f}s predicted ({err:+.0%})")
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}; "
                   + (f"staleness_a {stale_a} (asynchronous pushes to the target)" if stale_a is not None else
-                     f"staleness_a {STALENESS_A} as stated (no asynchronous run reached the target beside an allreduce one)"))
+                     "staleness_a the shipped model's (no asynchronous run reached the target beside an allreduce one)"))
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            # steps to the target only where the runs reached it (else the profile's own, at its workers)
            **({"workers_ref": runs[0].workers, "dense_steps": statistics.median(dense)} if dense else {}),
-           "factor": factor, "staleness_a": STALENESS_A if stale_a is None else stale_a,
+           "factor": factor, **({"staleness_a": stale_a} if stale_a is not None else {}),
            "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu,

@@ -68,8 +68,9 @@ def load_progress(path: Optional[str], flag: str = "--progress") -> Progress:
 
 def load_calibration(path: Optional[str], flag: str) -> Progress:
     """A calibration file over the shipped progress model: its own progress where it fitted it
-    (factors of the strategies it ran; steps to the target where its runs reached it), the shipped
-    model's elsewhere; no file: the shipped model."""
+    (factors of the strategies it ran; steps to the target where its runs reached it; the price of
+    staleness where its asynchronous runs did), the shipped model's elsewhere; no file: the
+    shipped model."""
     shipped = load_progress(None)
     if not path:
         return shipped
@@ -77,6 +78,8 @@ def load_calibration(path: Optional[str], flag: str) -> Progress:
     update: dict = {"factor": {**shipped.factor, **calibrated.factor}}
     if calibrated.dense_steps is None:
         update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
+    if "staleness_a" not in calibrated.model_fields_set:
+        update["staleness_a"] = shipped.staleness_a
     return calibrated.model_copy(update=update)
 
 

@@ -39,9 +39,6 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
 
 
-STALENESS_A = 0.1  # the progress model's stated price of staleness where no run measures it (predict.py)
-
-
 def fit_staleness(runs: list[Measured]) -> Optional[float]:
     """`staleness_a` of the progress model (an asynchronous push is worth 1 / N of a dense step
     x 1 / (1 + a x s) at staleness s, nothing when dropped): per asynchronous parameter-server run
