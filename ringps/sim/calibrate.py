@@ -143,13 +143,14 @@ def read_run(run: Path) -> Measured:
     # those made before the evaluation that reached the target began, each with its staleness
     pushed = [r for r in steps if r["wall"] <= hit.get("began", hit["wall"])] if hit and strategy.startswith("ps-") else []
     to_target = {"pushes": len(pushed), "dropped": sum(not r.get("applied", True) for r in pushed),
-                 "histogram": dict(Counter(r["staleness"] for r in pushed if r.get("staleness") is not None))}
+                 "histogram": dict(Counter(r["staleness"] for r in pushed if r.get("staleness") is not None))
+                 } if pushed else None
     return Measured(run, strategy, cfg["run"]["workers"], cfg["run"]["servers"], cfg["run"].get("net"),
                     slow, statistics.median(comp) if comp else 0.0, step_s, reached,
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
                      "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s),
-                     "to_target": to_target if pushed else None},
+                     "to_target": to_target},
                     options_of(cfg, s, next((r.get("steps") for r in rows if r["kind"] == "start"), None)),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),

@@ -83,16 +83,21 @@ def load_calibration(path: Optional[str], flag: str) -> Progress:
     return calibrated.model_copy(update=update)
 
 
+def push_worth(hist: dict[int, int], kept: float, staleness_a: float) -> float:
+    """A mean asynchronous push's worth, in 1 / N of a dense step: 1 / (1 + staleness_a x s) over
+    the staleness histogram, times the share of pushes `kept` (a dropped one is worth nothing)."""
+    total = sum(hist.values()) or 1
+    return kept * sum(v / (1 + staleness_a * s) for s, v in hist.items()) / total
+
+
 def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[float]:
     dense = prog.dense_steps or w.steps_to_target
     if dense is None:
         return None
     n = pred.workers
     if pred.strategy in PS and pred.strategy != "ps-sync":
-        hist = pred.extra.get("staleness_histogram", {})
-        total = sum(hist.values()) or 1
-        value = sum(v / (1 + prog.staleness_a * s) for s, v in hist.items()) / total
-        value *= 1 - pred.extra.get("drop_fraction", 0.0)
+        value = push_worth(pred.extra.get("staleness_histogram", {}), 1 - pred.extra.get("drop_fraction", 0.0),
+                           prog.staleness_a)
         pushes = dense * prog.workers_ref / value  # each push: one batch of the dense step's N
         rate = pred.extra.get("pushes_per_s") or n / pred.step_s
         return pushes / rate / prog.steps_factor(pred.strategy)

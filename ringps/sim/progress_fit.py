@@ -14,16 +14,17 @@ import statistics
 from typing import Optional
 
 from ringps.sim.calibrate import Measured, plain
+from ringps.sim.predict import push_worth
 
 
 def fit_progress(runs: list[Measured]) -> dict[str, float]:
     """Per synchronous strategy, allreduce's steps to the target over its own, the same setting
     and seed; median over its runs (a variant's only where the plain strategy has none)."""
-    ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
+    ref = allreduce_steps(runs)
     ratios: dict[str, list[float]] = {}
     for strategy, ms in plain(runs).items():
         for m in ms:
-            base = ref.get((m.net, str(m.slowdown), m.workers, m.seed))
+            base = ref.get(setting(m))
             if not (base and m.steps_to_target) or strategy.startswith("ps-"):
                 continue
             tail = m.options.tail_from if m.options is not None else None
@@ -45,22 +46,22 @@ def fit_staleness(runs: list[Measured]) -> Optional[float]:
     that reached the target, the `a` at which its measured staleness histogram and drops make
     its pushes to the target worth the dense steps allreduce needed in the same setting and seed
     (a 1-D search: the worth falls as `a` grows); the median over runs. None: no such run."""
-    ref = {(m.net, str(m.slowdown), m.workers, m.seed): m.steps_to_target for m in runs if m.strategy == "allreduce"}
+    ref = allreduce_steps(runs)
     fits = []
     for m in runs:
-        base, reach = ref.get((m.net, str(m.slowdown), m.workers, m.seed)), m.extra.get("to_target") or {}
+        base, reach = ref.get(setting(m)), m.extra.get("to_target") or {}
         hist, pushes = reach.get("histogram"), reach.get("pushes")
         if m.strategy == "ps-sync" or not m.strategy.startswith("ps-") or not (base and pushes and hist):
             continue
         kept = 1 - reach.get("dropped", 0) / pushes
         need = base * m.workers / pushes  # what the pushes to the target were worth, each
-        if need >= worth(hist, kept, 0.0):
+        if need >= push_worth(hist, kept, 0.0):
             fits.append(0.0)  # no slower than synchronous pushes: staleness cost nothing
-        elif worth(hist, kept, A_MAX) < need:
+        elif push_worth(hist, kept, A_MAX) < need:
             lo, hi = 0.0, A_MAX
             for _ in range(60):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if worth(hist, kept, mid) > need else (lo, mid)
+                lo, hi = (mid, hi) if push_worth(hist, kept, mid) > need else (lo, mid)
             fits.append(lo)
         # else: slower than any price of staleness explains (drops, or every push fresh)
     return round(statistics.median(fits), 4) if fits else None
@@ -69,6 +70,11 @@ def fit_staleness(runs: list[Measured]) -> Optional[float]:
 A_MAX = 100.0  # the search's ceiling: a push 1 behind worth under 1% of a fresh one
 
 
-def worth(hist: dict[int, int], kept: float, a: float) -> float:
-    """A mean push's worth in 1 / N of a dense step, at staleness price `a` (predict.py's rule)."""
-    return kept * sum(v / (1 + a * k) for k, v in hist.items()) / sum(hist.values())
+def setting(m: Measured) -> tuple:
+    """What a run is compared with allreduce's on: link, slowdown, workers, seed."""
+    return m.net, str(m.slowdown), m.workers, m.seed
+
+
+def allreduce_steps(runs: list[Measured]) -> dict[tuple, int]:
+    """The allreduce runs' steps to the target, by setting."""
+    return {setting(m): m.steps_to_target for m in runs if m.strategy == "allreduce"}
