@@ -12,7 +12,9 @@ carry transfers, each at `server_duplex` of its rate); the bytes' CPU
 the versions applied since the worker's values were sent to it (the version its last reply
 carried, as the server's snapshot does); threshold drops it when over T (no version bump,
 a reply all the same), SSP holds the reply while the worker is more than T pushes ahead of the
-slowest, BSP waits for every worker's push of the version.
+slowest, BSP waits for every worker's push of the version. Each worker's first push is recorded
+apart (`first_round`: its staleness counts from the common start), with the time when as many
+pushes as workers were in: predict.py counts that start once and the rest at the steady rate.
 
 The run ends when the servers have applied workers x pushes_per_worker pushes, as an asynchronous
 ringps job ends after its budget of applied updates: a fast worker pushes more often than a slow
@@ -53,10 +55,14 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     t_update = UPDATE_PASSES * shard * o.cpu.pass_s
     T = o.staleness_threshold if o.staleness_threshold is not None else (
         2 * (n - 1) if policy == "threshold" else 4)
-    state = {"version": 0, "applied": 0, "dropped": 0}
+    state = {"version": 0, "applied": 0, "dropped": 0, "dropped_first": 0, "judged": 0}
     budget, finished = n * pushes_per_worker, env.event()  # applied pushes; then the run ends
     clock = Counter()
     hist: Counter = Counter()
+    # each worker's first push: its staleness counts from the common start (0..N-1, not the steady
+    # state's ~N-1), and a run to the target has it once per worker however long it runs, where
+    # this run's few pushes per worker at 1,024 workers would weigh it an eighth (predict.py)
+    first: Counter = Counter()
     cycles: list[float] = []
     computes: list[float] = []
     round_done = {"version": 0, "event": env.event(), "arrived": 0}
@@ -74,8 +80,14 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
             yield req
             stale = state["version"] - seen
             hist[stale] += 1
+            if clock[i] == 0:
+                first[stale] += 1
+            state["judged"] += 1
+            if state["judged"] == n:  # as many pushes judged as workers: the start's transient is over
+                state["round_s"] = env.now
             if policy == "threshold" and stale > T:
                 state["dropped"] += 1
+                state["dropped_first"] += clock[i] == 0
             elif policy == "sync":
                 round_done["arrived"] += 1
                 state["applied"] += 1
@@ -138,5 +150,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     step_s, compute = statistics.mean(cycles), statistics.mean(computes)
     extra = {"staleness_histogram": dict(sorted(hist.items())), "drop_fraction": state["dropped"] / max(1, total),
              "server_link_occupancy": (up.busy_s + down.busy_s) / (2 * env.now) if env.now else 0.0,
-             "pushes_per_s": total / env.now if env.now else 0.0, "mean_staleness": sum(k * v for k, v in hist.items()) / max(1, total)}
+             "pushes_per_s": total / env.now if env.now else 0.0, "mean_staleness": sum(k * v for k, v in hist.items()) / max(1, total),
+             "first_round": {"histogram": dict(sorted(first.items())), "dropped": state["dropped_first"],
+                             "until_s": state.get("round_s", 0.0), "run_s": env.now}}
     return Prediction(strategy, n, step_s, compute, step_s - compute, w.params * 4.0, compute / step_s, extra)

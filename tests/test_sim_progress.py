@@ -1,0 +1,210 @@
+"""The progress model: steps to the target per strategy (fitted against allreduce, applied to
+ring-topk's sparse share and its exact tail) and an asynchronous push's worth by staleness
+(priced from runs; every worker's first push counted once, the rest at the steady state's worth
+and rate, so the prediction does not hang on how many pushes the simulator ran)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import toy
+
+from ringps.sim.cluster import ClusterSpec
+from ringps.sim.engine import Options
+from ringps.sim.predict import Progress, load_progress, simulate
+from ringps.sim.workload import load_workload
+
+
+def test_calibration_fits_progress_factors_against_allreduce():
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured
+    from ringps.sim.progress_fit import fit_progress
+
+    def m(strategy, steps, seed):
+        return Measured(Path(f"/r/{strategy}{seed}"), strategy, 4, 1, "100mbit", None, 1.0, 2.0, steps, 100.0, seed,
+                        "facenet", {})
+
+    runs = [m("allreduce", 55, 0), m("ring-topk", 97, 0), m("allreduce", 60, 1), m("ring-topk", 100, 1),
+            m("powersgd", None, 1), m("ps-async", 300, 0)]
+    f = fit_progress(runs)
+    assert f["allreduce"] == 1.0 and f["ring-topk"] == pytest.approx((55 / 97 + 0.6) / 2, abs=1e-3)
+    assert "powersgd" not in f and "ps-async" not in f  # never reached; asynchronous pushes are priced by staleness
+
+
+def test_calibration_prices_staleness_from_the_pushes_an_async_run_needed(tmp_path):
+    """`staleness_a` from run folders: allreduce reached the target in 50 steps at 4 workers, so
+    50 x 4 = 200 pushes of fresh gradients would have; the ps-async run needed 260, every one 3
+    versions behind (its metrics' step rows, up to the evaluation that reached the target; the
+    30 after it do not count): 1 / (1 + 3a) = 200 / 260, a = 0.1. Edges: a run no slower than
+    fresh pushes prices staleness at 0; one whose pushes were all fresh and still slower says
+    nothing of staleness; ps-sync is not priced by it; no such run, None (the stated 0.1 stays)."""
+    from pathlib import Path
+
+    import yaml
+    from helpers import finished_run
+
+    from ringps.sim.calibrate import Measured, read_run
+    from ringps.sim.progress_fit import fit_staleness
+
+    def run(name, strategy, pushes, evals_at, stale=3):
+        rows = [{"kind": "step", "worker": k % 4, "step": k // 4 + 1, "t": 0.1 * k, "wall": 1000.0 + 0.1 * k,
+                 "compute_s": 0.5, "staleness": stale, "applied": True} for k in range(pushes)]
+        rows.append({"kind": "eval", "worker": 0, "step": evals_at // 4 if strategy.startswith("ps-") else evals_at,
+                     "t": 0.1 * evals_at, "wall": 1000.0 + 0.1 * evals_at, "began": 1000.0 + 0.1 * evals_at - 0.05,
+                     "accuracy": 0.93})
+        folder = finished_run(tmp_path / name, strategy, {"step_s_median": 1.0, "time_to_accuracy_s": 10.0,
+                                                           "staleness_histogram": {str(stale): pushes}}, rows, workers=4)
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+        cfg["train"]["target_accuracy"] = 0.9
+        (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return read_run(folder)
+
+    ref, stale = run("allreduce", "allreduce", 200, 50), run("ps-async", "ps-async", 290, 260)
+    assert stale.extra["to_target"] == {"pushes": 260, "dropped": 0, "histogram": {3: 260}}
+    assert fit_staleness([ref, stale]) == pytest.approx(0.1, abs=1e-4)
+
+    def m(strategy, hist, pushes, dropped=0):
+        return Measured(Path(f"/r/{strategy}"), strategy, 4, 1, ref.net, None, 1.0, 2.0, None, 100.0, 0, "facenet",
+                        {"to_target": {"pushes": pushes, "dropped": dropped, "histogram": hist}})
+
+    assert fit_staleness([ref, m("ps-async", {3: 190}, 190)]) == 0.0  # faster than fresh pushes
+    assert fit_staleness([ref, m("ps-async", {0: 300}, 300)]) is None  # all fresh, still slower: not staleness
+    assert fit_staleness([ref, m("ps-sync", {0: 260}, 260)]) is None and fit_staleness([ref]) is None
+    # drops are worth nothing (as predict.py prices them): 300 pushes 3 behind, 60 of them
+    # dropped: 0.8 / (1 + 3a) = 200 / 300
+    a = fit_staleness([ref, m("ps-threshold", {3: 300}, 300, dropped=60)])
+    assert 0.8 / (1 + 3 * a) == pytest.approx(200 / 300, rel=1e-3)
+
+
+def test_ring_topks_progress_factor_is_a_sparse_steps_and_a_variant_does_not_blur_it():
+    """A ring-topk run whose cost model sent every bucket dense progresses as dense training: its
+    steps say nothing of a sparse step's factor. Half sparse at ratio r: factor 1 - (1 - r) / 0.5.
+    A variant (`ring-topk+value_dtype=fp16`) fits only where the plain strategy has no runs."""
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured
+    from ringps.sim.progress_fit import fit_progress
+
+    def m(label, steps, share, seed=0):
+        return Measured(Path(f"/r/{label}-r{seed}"), label.split("+")[0], 4, 1, "1gbit", None, 1.0, 2.0, steps, 100.0,
+                        seed, "facenet", {"sparse_share": share}, label=label)
+
+    base = [m("allreduce", 60, None)]
+    assert fit_progress(base + [m("ring-topk", 100, 1.0)])["ring-topk"] == pytest.approx(0.6)
+    assert fit_progress(base + [m("ring-topk", 75, 0.5)])["ring-topk"] == pytest.approx(1 - (1 - 60 / 75) / 0.5, abs=1e-3)
+    assert "ring-topk" not in fit_progress(base + [m("ring-topk", 60, 0.0)])  # all dense: no evidence
+    mixed = base + [m("ring-topk", 100, 1.0), m("ring-topk+value_dtype=fp16", 120, 1.0)]
+    assert fit_progress(mixed)["ring-topk"] == pytest.approx(0.6)
+    assert fit_progress(base + [m("ring-topk+value_dtype=fp16", 120, 1.0)])["ring-topk"] == pytest.approx(0.5)
+
+
+def test_time_to_accuracy_applies_the_sparse_factor_to_the_sparse_share_only():
+    from ringps.sim.predict import Prediction, Progress, time_to_accuracy
+    from ringps.sim.workload import load_workload
+
+    w = load_workload("facenet")
+    prog = Progress(dense_steps=100, workers_ref=4, factor={"ring-topk": 0.5})
+
+    def tta(share):
+        extra = {} if share is None else {"sparse_share": share}
+        return time_to_accuracy(Prediction("ring-topk", 4, 1.0, 0.5, 0.5, 0.0, 0.5, extra), w, prog)
+
+    assert tta(1.0) == pytest.approx(200.0) and tta(None) == pytest.approx(200.0)
+    assert tta(0.0) == pytest.approx(100.0)  # every bucket dense: dense training's steps
+    assert tta(0.5) == pytest.approx(100 / 0.75)
+
+
+def test_ring_topk_sending_every_bucket_in_16_bits_is_fp16_ddp():
+    """Where ring-topk's cost model sends every bucket whole in 16 bits (facenet, 4 workers at
+    1 Gbit/s, this machine's compute), it runs fp16 DDP's all-reduce and makes its update: the
+    same step, bytes and time to the target (measured: 0.467 against 0.465 s a step, 21.51
+    against 21.39 MB, the same steps to 90% per seed at 2 workers). It used to price the bucket's
+    casts on top, put the classifier's last layers in a 1 MB bucket of their own (sent in 32
+    bits) and give the bucket a dense fp32 step's progress: 1.15x fp16's time."""
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="1gbit", compute_scale=4.0, shared_cores=2)
+    prog = load_progress(None)
+    fp16, rt = (simulate(s, w, c, Options(), prog, steps=12) for s in ("fp16", "ring-topk"))
+    assert rt.extra["sparse_share"] == 0.0 and rt.extra["dense_as"] == {"fp16": 10_618_368}
+    assert rt.step_s == pytest.approx(fp16.step_s, rel=0.01)
+    assert rt.bytes_per_step == pytest.approx(fp16.bytes_per_step, rel=0.01)  # the convolutions' 56k in fp32
+    assert rt.extra["time_to_accuracy_s"] == pytest.approx(fp16.extra["time_to_accuracy_s"], rel=0.01)
+    # the progress of a bucket sent whole is the factor of the DDP strategy it equals
+    from ringps.sim.predict import Prediction, time_to_accuracy
+    p = Progress(dense_steps=100, workers_ref=4, factor={"fp16": 1.25, "ring-topk": 0.5})
+    half = Prediction("ring-topk", 4, 1.0, 0.5, 0.5, 0.0, 0.5, {"sparse_share": 0.5, "dense_as": {"fp16": 10}})
+    assert time_to_accuracy(half, w, p) == pytest.approx(100 / (0.5 * 0.5 + 0.5 * 1.25))
+
+
+def test_ring_topks_exact_tail_is_priced_as_the_hook_runs_it():
+    """A run of known length ends in ring-topk's exact tail: from step int(total x (1 - tail)) the
+    cost model chooses among the faithful exchanges (the hook's own `faithful_candidates`), so
+    at 100 Mbit/s shared-index gives way to allgather there. Steps before the tail run at the
+    main step and progress, the rest at the tail's (hand-computed below); a run that reaches the
+    target before the tail, or whose length is not given, is priced as before."""
+    from ringps.sim.predict import time_to_accuracy
+
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="100mbit", shared_cores=2)
+    p = Progress(dense_steps=60, workers_ref=4)
+    plain = simulate("ring-topk", w, c, Options(density_warmup_epochs=0), p, steps=8)
+    long = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, total_steps=1000), p, steps=8)
+    short = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, total_steps=100), p, steps=8)
+    assert "tail" not in plain.extra and long.extra["tail_from_step"] == 600 and short.extra["tail_from_step"] == 60
+    assert plain.extra["sparse_progress"] == 0.65 and short.extra["tail"]["sparse_progress"] == 0.79  # allgather
+    tail = short.extra["tail"]
+    assert tail["bytes_per_step"] > 1.5 * short.bytes_per_step and tail["step_s"] > short.step_s
+    # 60 dense steps need 92.3 at shared-index's 0.65: past the tail's start at 100 steps
+    assert long.extra["time_to_accuracy_s"] == pytest.approx(plain.extra["time_to_accuracy_s"]) == pytest.approx(
+        60 / 0.65 * plain.step_s)
+    assert short.extra["time_to_accuracy_s"] == pytest.approx(60 * short.step_s + (60 - 60 * 0.65) / 0.79 * tail["step_s"])
+    # a progress file that names ring-topk's factor (measured on its main exchange) moves it in the
+    # tail by the exchanges' ratio
+    named = Progress(dense_steps=60, workers_ref=4, factor={"ring-topk": 0.5})
+    assert time_to_accuracy(short, w, named) == pytest.approx(60 * short.step_s + (60 - 30) / (0.5 * 0.79 / 0.65) * tail["step_s"])
+    # no tail: exact_tail 0
+    assert "tail" not in simulate("ring-topk", w, c, Options(total_steps=100, exact_tail=0.0), p, steps=4).extra
+
+
+def test_a_runs_exact_tail_reaches_its_prediction():
+    """options_of reads the run's exact tail and length; a run from before the tail has none."""
+    from ringps.sim.calibrate import options_of
+
+    cfg = {"strategy": {"strategy": "ring-topk"}, "compress": {"exact_tail": 0.4}}
+    assert options_of(cfg, None, 150).tail_from == 90
+    assert options_of({"strategy": {"strategy": "ring-topk"}, "compress": {}}, None, 150).tail_from is None
+
+
+def test_an_async_runs_first_round_counts_once_and_the_rest_at_the_steady_states_worth():
+    """Hand-computed: 2 workers' first pushes 0 and 1 behind, then 6 pushes 3 behind, a = 0.5:
+    the first round brings 1 + 1 / 1.5 = 5/3 fresh batches, a steady push 1 / 2.5 = 0.4, so 10
+    batches take 2 + (10 - 5/3) / 0.4 = 22.83 pushes (the whole histogram's mean worth, 0.508 a
+    push, said 19.67). A dropped push is worth nothing; every push dropped never gets there."""
+    from ringps.sim.predict import pushes_to_target
+
+    extra = {"staleness_histogram": {0: 1, 1: 1, 3: 6}, "drop_fraction": 0.0,
+             "first_round": {"histogram": {0: 1, 1: 1}, "dropped": 0}}
+    assert pushes_to_target(extra, 10, 0.5) == pytest.approx(2 + (10 - 5 / 3) / 0.4)
+    assert pushes_to_target(extra, 1, 0.5) == pytest.approx(1 / (5 / 6))  # the first round alone gets there
+    # 3 of the 8 pushes dropped, all steady ones: a steady push is worth half as much
+    dropped = {**extra, "drop_fraction": 3 / 8}
+    assert pushes_to_target(dropped, 10, 0.5) == pytest.approx(2 + (10 - 5 / 3) / 0.2)
+    assert pushes_to_target({"staleness_histogram": {3: 4}, "drop_fraction": 1.0}, 10, 0.5) is None
+    # no first round recorded (a hand-made prediction): the whole histogram's mean worth
+    assert pushes_to_target({"staleness_histogram": {3: 4}}, 10, 0.5) == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize("workers", [64, 256])
+def test_async_time_to_accuracy_does_not_hang_on_how_many_pushes_were_simulated(workers):
+    """The simulator runs a few pushes per worker at scale (4 at 1,024 workers' floor); a run to
+    the target has tens. The first round (staleness 0..N-1, fresher than the steady ~N-1) and the
+    start's idle compute weighed in by the share of pushes simulated: at 256 workers 4, 8 and 30
+    pushes each gave 33.3, 36.8 and 39.8 s. Counted once, the three agree."""
+    c = ClusterSpec(workers=workers, net="100gbit")
+    tta = [simulate("ps-async", toy(), c, Options(), Progress(staleness_a=0.1), steps=s).extra["time_to_accuracy_s"]
+           for s in (4, 8, 30)]
+    assert max(tta) == pytest.approx(min(tta), rel=0.01)
+    p = simulate("ps-async", toy(), c, Options(), Progress(staleness_a=0.1), steps=4)
+    first = p.extra["first_round"]
+    assert sum(first["histogram"].values()) == workers and max(first["histogram"]) == workers - 1
+    assert 0 < first["until_s"] < first["run_s"]
