@@ -74,6 +74,13 @@ def test_calibration_prices_staleness_from_the_pushes_an_async_run_needed(tmp_pa
     # dropped: 0.8 / (1 + 3a) = 200 / 300
     a = fit_staleness([ref, m("ps-threshold", {3: 300}, 300, dropped=60)])
     assert 0.8 / (1 + 3 * a) == pytest.approx(200 / 300, rel=1e-3)
+    # one fit over runs of different staleness: pushes 1 and 11 behind that both say a = 0.05 give
+    # it; where they disagree (0.2 and 0.01 alone) the fit lies between, nearer the staler run's,
+    # whose predicted pushes move ~11x as far per unit of a and so pin it more tightly
+    one, eleven = m("ps-async", {1: 210}, 210), m("ps-async", {11: 310}, 310)
+    assert fit_staleness([ref, one, eleven]) == pytest.approx(0.05, abs=1e-3)
+    a = fit_staleness([ref, m("ps-async", {1: 240}, 240), m("ps-async", {11: 222}, 222)])
+    assert 0.01 < a < 0.03
 
 
 def test_ring_topks_progress_factor_is_a_sparse_steps_and_a_variant_does_not_blur_it():
@@ -208,3 +215,55 @@ def test_async_time_to_accuracy_does_not_hang_on_how_many_pushes_were_simulated(
     first = p.extra["first_round"]
     assert sum(first["histogram"].values()) == workers and max(first["histogram"]) == workers - 1
     assert 0 < first["until_s"] < first["run_s"]
+
+
+def test_dense_steps_follow_the_gradient_noise_scale():
+    """Hand-computed: 55 steps at 4 workers of batch 16 with a noise scale of 64 samples: S_min =
+    55 / (1 + 64 / 64) = 27.5, so 41.25 steps at 8 workers, 82.5 at 2 and 27.6 at 1,024 (linear
+    scaling said 27.5, 110 and 0.21). Without a noise scale, constant samples; the progress file's
+    wins over the profile's. Time-to-accuracy takes them: allreduce's steps x its step, an
+    asynchronous run's 1 / N-batches N x as many."""
+    from ringps.sim.predict import dense_steps_at, push_time, pushes_to_target
+
+    w = load_workload("facenet").model_copy(update={"batch": 16, "noise_batch": None})
+    p = Progress(dense_steps=55, workers_ref=4, noise_batch=64)
+    assert [dense_steps_at(n, w, p) for n in (8, 2, 1024)] == pytest.approx([41.25, 82.5, 27.5 * (1 + 64 / 16384)])
+    plain = Progress(dense_steps=55, workers_ref=4)
+    assert dense_steps_at(8, w, plain) == pytest.approx(27.5)
+    assert dense_steps_at(8, w.model_copy(update={"noise_batch": 64}), plain) == pytest.approx(41.25)
+    assert dense_steps_at(8, w.model_copy(update={"noise_batch": 1e9}), p) == pytest.approx(41.25)
+    assert dense_steps_at(8, w.model_copy(update={"steps_to_target": None}), Progress()) is None
+    c = ClusterSpec(workers=8, net="1gbit", shared_cores=2)
+    ar = simulate("allreduce", w, c, Options(), p, steps=4)
+    assert ar.extra["time_to_accuracy_s"] == pytest.approx(41.25 * ar.step_s)
+    ps = simulate("ps-async", w, c, Options(), p, steps=6)
+    assert ps.extra["time_to_accuracy_s"] == pytest.approx(push_time(ps, pushes_to_target(ps.extra, 330, p.staleness_a)))
+
+
+def test_calibration_fits_the_noise_scale_from_allreduce_at_several_worker_counts():
+    """Steps from S = 20 + 2000 / (batch x N) at 2, 4 and 8 workers, two seeds each 1 step either
+    side: least squares gives E_min 2000, S_min 20, B = 100 samples; the reference is the count
+    with the most runs (the smallest on a tie) at its median steps. Runs of batch 32 at half the
+    workers are the same global batches: the same B. One worker count, or steps that fall faster
+    than the batch grows (S_min < 0): no noise scale, steps at the reference only."""
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured
+    from ringps.sim.progress_fit import fit_dense_steps
+
+    def m(workers, steps, seed, batch=16, strategy="allreduce"):
+        return Measured(Path(f"/r/{workers}-{seed}"), strategy, workers, 1, None, None, 1.0, 1.0, steps, 10.0, seed,
+                        "facenet", {}, batch=batch)
+
+    def curve(n, batch=16, s_min=20.0):
+        return s_min + 2000 / (batch * n)
+
+    runs = [m(n, curve(n) + d, d) for n in (2, 4, 8) for d in (-1, 1)]
+    assert fit_dense_steps(runs) == pytest.approx({"workers_ref": 2, "dense_steps": curve(2), "noise_batch": 100.0})
+    wide = [m(n, curve(n, 32) + d, d, batch=32) for n in (1, 2, 4) for d in (-1, 1)]
+    assert fit_dense_steps(wide)["noise_batch"] == pytest.approx(100.0)
+    more_at_4 = runs + [m(4, curve(4), 2), m(4, None, 3), m(8, 10, 4, strategy="ps-async")]
+    assert fit_dense_steps(more_at_4) == pytest.approx({"workers_ref": 4, "dense_steps": curve(4), "noise_batch": 100.0})
+    assert fit_dense_steps([m(4, 50, 0), m(4, 60, 1)]) == {"workers_ref": 4, "dense_steps": 55.0}
+    assert "noise_batch" not in fit_dense_steps([m(n, curve(n, s_min=-5.0), 0) for n in (2, 4, 8)])
+    assert fit_dense_steps([m(4, None, 0)]) == {}

@@ -69,6 +69,7 @@ class Measured:
     kernel_cpu_s: Optional[float] = None  # the host kernel's CPU per step (None: not recorded)
     moved: float = 0.0  # bytes a worker sent and received per step, as TCP counted them
     jitter: Optional[float] = None  # the spread of the fastest worker's compute, step to step (log sd)
+    batch: int = 16  # samples per worker per step
 
     @property
     def link(self) -> str:
@@ -155,7 +156,8 @@ def read_run(run: Path) -> Measured:
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
                     moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0),
-                    jitter=statistics.stdev(math.log(c) for c in comp[1:]) if len(comp) > 3 and min(comp[1:]) > 0 else None)
+                    jitter=statistics.stdev(math.log(c) for c in comp[1:]) if len(comp) > 3 and min(comp[1:]) > 0 else None,
+                    batch=cfg.get("data", {}).get("batch_size", 16))
 
 
 def sparse_share(summary: dict) -> Optional[float]:
@@ -363,7 +365,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     """`duplex_probes`: benchmarks/server_link.py results of the cluster's server links, taken as
     measured (`fit`), written to the file with the rest, so `--auto-calibration` prices the
     servers' lossy links as the calibration did."""
-    from ringps.sim.progress_fit import fit_progress, fit_staleness
+    from ringps.sim.progress_fit import fit_dense_steps, fit_progress, fit_staleness
     from ringps.sim.workload import load_workload
 
     runs = [read_run(r) for r in run_dirs]
@@ -375,7 +377,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     cpu = fit_cpu(runs, w, f)
     factor = fit_progress(runs)
     stale_a = fit_staleness(runs)
-    dense = [m.steps_to_target for m in runs if m.strategy == "allreduce" and m.steps_to_target]
+    dense = fit_dense_steps(runs)
     console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
                   f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
                   (f", servers' {f.server_efficiency}" if f.server_efficiency else "") +
@@ -391,11 +393,14 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
         console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
                       f"measured, {p:.3f}s predicted ({err:+.0%})")
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}; "
+                  + (f"steps to the target {dense['dense_steps']:g} at {dense['workers_ref']} workers"
+                     + (f", gradient noise scale {dense['noise_batch']:g} samples" if "noise_batch" in dense else "") + "; "
+                     if dense else "")
                   + (f"staleness_a {stale_a} (asynchronous pushes to the target)" if stale_a is not None else
                      "staleness_a the shipped model's (no asynchronous run reached the target beside an allreduce one)"))
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
-           # steps to the target only where the runs reached it (else the profile's own, at its workers)
-           **({"workers_ref": runs[0].workers, "dense_steps": statistics.median(dense)} if dense else {}),
+           # steps to the target only where allreduce's runs reached it (else the profile's own)
+           **dense,
            "factor": factor, **({"staleness_a": stale_a} if stale_a is not None else {}),
            "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,

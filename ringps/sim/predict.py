@@ -1,9 +1,12 @@
 """From a step-time prediction to time-to-accuracy, and one call for a whole prediction.
 
 The progress model (stated, calibrated from runs, open to the user's own: `--progress FILE`):
-- a dense synchronous run needs `dense_steps` steps to the target at `workers_ref` workers;
-  samples to the target are taken as constant (the linear-scaling regime), so at N workers it
-  needs dense_steps x workers_ref / N steps;
+- a dense synchronous run needs `dense_steps` steps to the target at `workers_ref` workers; at
+  N workers, with `noise_batch` B (the gradient noise scale, McCandlish et al. 2018, "An
+  Empirical Model of Large-Batch Training"), steps at a global batch of b x N samples are
+  S_min x (1 + B / (b x N)): a larger batch saves steps while it is small against B and stops
+  saving them past it. Without B (a profile that does not state it), samples to the target are
+  taken as constant (the linear-scaling regime, B infinite): dense_steps x workers_ref / N;
 - a strategy's step makes `factor[strategy]` of a dense step's progress (sparse updates, low-rank,
   local steps between averages: measured as the ratio of steps to the target); for ring-topk the
   factor is a sparse step's, its chosen exchanges' own (`Exchange.progress`) unless the progress
@@ -12,7 +15,8 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   whose all-reduce that is (fp32: allreduce's factor, 16 bits: fp16's);
 - ring-topk's exact tail (a run's last `exact_tail` of its `total_steps`, where the run's length
   is given): steps there take the faithful exchanges' time and make their progress;
-- an asynchronous push is one worker's batch, worth 1 / N of a dense step, times
+- an asynchronous push is one worker's batch at 1 / N of the learning rate, worth 1 / N of a
+  dense step at N workers (the steps above), times
   1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing. Every worker's
   first push counts once (its staleness runs from the common start), the rest at the worth and
   rate of the simulated pushes after them: the prediction does not hang on how many pushes per
@@ -44,6 +48,9 @@ class Progress(BaseModel):
     dense_steps: Optional[float] = Field(None, gt=0)  # None: the workload's steps_to_target
     factor: dict[str, float] = {}
     staleness_a: float = Field(0.1, ge=0)
+    # the gradient noise scale in samples (calibrated from allreduce runs at two or more worker
+    # counts); None: the profile's, else linear scaling
+    noise_batch: Optional[float] = Field(None, gt=0)
     compute_a: Optional[float] = None  # calibration: measured compute = a x profile per whole core (informational)
     efficiency: Optional[float] = None  # calibration: payload per configured link bit (informational)
     server_efficiency: Union[dict[str, float], float, None] = None  # calibration: the servers' links', per link (informational)
@@ -131,17 +138,30 @@ def push_time(pred: Prediction, pushes: float) -> float:
     return until + (pushes - n) * (end - until) / (total - n)
 
 
-def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[float]:
+def dense_steps_at(workers: int, w: Workload, prog: Progress) -> Optional[float]:
+    """Dense synchronous steps to the target at `workers` workers (None: no steps to the target
+    known): the progress file's or the profile's steps at `workers_ref`, moved along the noise
+    scale's curve S_min x (1 + B / batch) where one is known, else at constant samples."""
     dense = prog.dense_steps or w.steps_to_target
     if dense is None:
         return None
+    noise = prog.noise_batch if prog.noise_batch is not None else w.noise_batch
+    if noise is None:
+        return dense * prog.workers_ref / workers
+    s_min = dense / (1 + noise / (w.batch * prog.workers_ref))
+    return s_min * (1 + noise / (w.batch * workers))
+
+
+def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[float]:
     n = pred.workers
+    need = dense_steps_at(n, w, prog)  # in dense steps
+    if need is None:
+        return None
     if pred.strategy in PS and pred.strategy != "ps-sync":
-        pushes = pushes_to_target(pred.extra, dense * prog.workers_ref, prog.staleness_a)  # each: one batch of N
+        pushes = pushes_to_target(pred.extra, need * n, prog.staleness_a)  # each: one batch of N
         if pushes is None:
             return None  # every push dropped: it never gets there
         return push_time(pred, pushes) / prog.steps_factor(pred.strategy)
-    need = dense * prog.workers_ref / n  # in dense steps
     f = sync_factor(pred.strategy, pred.extra, prog)
     steps = max(1.0, need / f)  # past the linear-scaling regime: one step at least
     tail, start = pred.extra.get("tail"), pred.extra.get("tail_from_step")

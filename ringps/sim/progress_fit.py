@@ -2,6 +2,8 @@
 
 - `factor`: per synchronous strategy, its steps to the target against allreduce's in the same
   setting and seed (ring-topk's as a sparse step's, on the share its cost model sent sparse);
+- `dense_steps`, `workers_ref`, `noise_batch`: allreduce's steps to the target, and with two or
+  more worker counts the gradient noise scale that moves them with the workers;
 - `staleness_a`: the price of an asynchronous push's staleness, from the parameter-server runs
   that reached the target: their pushes, each with its staleness, against allreduce's steps.
 
@@ -10,6 +12,7 @@ predict.py states how the two are used; calibrate.py reads the runs (`Measured`)
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Optional
 
@@ -42,29 +45,38 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
 
 def fit_staleness(runs: list[Measured]) -> Optional[float]:
     """`staleness_a` of the progress model (an asynchronous push is worth 1 / N of a dense step
-    x 1 / (1 + a x s) at staleness s, nothing when dropped): per asynchronous parameter-server run
-    that reached the target, the `a` at which its measured staleness histogram and drops make
-    its pushes to the target worth the dense steps allreduce needed in the same setting and seed
-    (a 1-D search: the worth falls as `a` grows); the median over runs. None: no such run."""
+    x 1 / (1 + a x s) at staleness s, nothing when dropped): over the asynchronous
+    parameter-server runs that reached the target beside an allreduce run of the same setting
+    and seed, the `a` whose predicted pushes (allreduce's steps x N, over the worth of a push
+    with each run's own staleness histogram and drops) best match the measured ones, in least
+    squares of their logs. One fit over every run, not a median of each run's own `a`: a run at
+    2 workers, whose pushes are ~1 behind, turns a 10% shortfall into a = 0.1, one at 12 into
+    0.01, so per-run `a`s scatter by worker count where the pushes they predict do not.
+    None: no such run (or only runs whose pushes were all fresh: they say nothing of it)."""
     ref = allreduce_steps(runs)
-    fits = []
+    pairs = []  # (histogram, kept, each push's measured worth)
     for m in runs:
         base, reach = ref.get(setting(m)), m.extra.get("to_target") or {}
         hist, pushes = reach.get("histogram"), reach.get("pushes")
         if m.strategy == "ps-sync" or not m.strategy.startswith("ps-") or not (base and pushes and hist):
             continue
-        kept = 1 - reach.get("dropped", 0) / pushes
-        need = base * m.workers / pushes  # what the pushes to the target were worth, each
-        if need >= push_worth(hist, kept, 0.0):
-            fits.append(0.0)  # no slower than synchronous pushes: staleness cost nothing
-        elif push_worth(hist, kept, A_MAX) < need:
-            lo, hi = 0.0, A_MAX
-            for _ in range(60):
-                mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if push_worth(hist, kept, mid) > need else (lo, mid)
-            fits.append(lo)
-        # else: slower than any price of staleness explains (drops, or every push fresh)
-    return round(statistics.median(fits), 4) if fits else None
+        if set(hist) != {0}:
+            pairs.append((hist, 1 - reach.get("dropped", 0) / pushes, base * m.workers / pushes))
+    if not pairs:
+        return None
+
+    def loss(a: float) -> float:
+        return sum((math.log(max(push_worth(h, kept, a), 1e-12)) - math.log(need)) ** 2 for h, kept, need in pairs)
+
+    grid = [0.0] + [A_MAX * 10 ** (-6 + 6 * i / 240) for i in range(241)]  # 1e-4 .. 100, log-spaced
+    i = min(range(len(grid)), key=lambda k: loss(grid[k]))
+    if i == 0:
+        return 0.0  # no slower than fresh pushes: staleness cost nothing
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    for _ in range(80):  # golden-section between the best grid point's neighbours
+        m1, m2 = hi - (hi - lo) * 0.618, lo + (hi - lo) * 0.618
+        lo, hi = (lo, m2) if loss(m1) <= loss(m2) else (m1, hi)
+    return round((lo + hi) / 2, 4)
 
 
 A_MAX = 100.0  # the search's ceiling: a push 1 behind worth under 1% of a fresh one
@@ -78,3 +90,28 @@ def setting(m: Measured) -> tuple:
 def allreduce_steps(runs: list[Measured]) -> dict[tuple, int]:
     """The allreduce runs' steps to the target, by setting."""
     return {setting(m): m.steps_to_target for m in runs if m.strategy == "allreduce"}
+
+
+def fit_dense_steps(runs: list[Measured]) -> dict:
+    """The progress model's steps to the target from allreduce's runs that reached it:
+    `workers_ref` (the worker count with the most runs, the smallest on a tie), `dense_steps`
+    (their median) and, from two or more worker counts, `noise_batch` (McCandlish et al. 2018):
+    steps = S_min + E_min / (batch x N) fitted by least squares over the runs, each at its own
+    batch, B = E_min / S_min, and `dense_steps` the fitted curve's at the reference. No `noise_batch` where the fit has none (S_min or E_min not
+    positive: steps fall as fast as the batch grows, or not at all). {}: no run reached it."""
+    reached = [m for m in runs if m.strategy == "allreduce" and m.steps_to_target]
+    if not reached:
+        return {}
+    ref = statistics.multimode(sorted(m.workers for m in reached))[0]
+    out = {"workers_ref": ref, "dense_steps": float(statistics.median(m.steps_to_target for m in reached if m.workers == ref))}
+    pts = [(1.0 / (m.batch * m.workers), m.steps_to_target) for m in reached]
+    if len({x for x, _ in pts}) < 2:
+        return out
+    mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
+    e_min = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    s_min = my - e_min * mx
+    if s_min <= 0 or e_min <= 0:
+        return out
+    # the curve's own steps at the reference (its median alone would shift the whole curve)
+    batch = statistics.median(m.batch for m in reached if m.workers == ref)
+    return out | {"dense_steps": round(s_min + e_min / (batch * ref), 2), "noise_batch": round(e_min / s_min, 1)}

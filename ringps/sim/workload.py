@@ -7,6 +7,7 @@ A profile is a YAML file (`ringps profile --model M --out P.yaml` measures one h
     source: "measured by ringps profile"  # or the publication the numbers come from
     batch: 16                 # samples per worker per step
     steps_to_target: 55       # optional: dense synchronous steps to the target accuracy (progress model)
+    noise_batch: 100          # optional: the gradient noise scale in samples (steps to the target by workers)
     layers:                   # forward order
       - {name: conv1, kind: conv, params: 832, forward_s: 0.004, backward_s: 0.008}
       - {name: fc1, kind: fc, params: 10093568, forward_s: 0.01, backward_s: 0.02, in_features: 9856, out_features: 1024}
@@ -50,6 +51,7 @@ class Workload(BaseModel):
     batch: int = Field(ge=1)
     step_s: Optional[float] = Field(None, gt=0)
     steps_to_target: Optional[float] = Field(None, gt=0)
+    noise_batch: Optional[float] = Field(None, gt=0)  # McCandlish et al.'s B_noise; None: linear scaling
     samples: Optional[int] = Field(None, ge=1)  # training samples (epoch-based warm-ups); None: not known
     layers: list[Layer]
 
