@@ -223,7 +223,10 @@ def test_budget_counts_applied_updates_not_dropped_pushes(tmp_path):
     whole budget (epochs x steps per epoch x workers), as ps-async does; it used to end early
     with the dropped pushes counted against it."""
     out = tmp_path / "run"
-    r = ringps("train", *TINY, "--strategy", "ps-threshold", "--staleness-threshold", "0", "--workers", "3",
+    # 32x32 inputs: compute (~4 ms a step) longer than the server's turn, so workers' pushes overlap
+    # and T = 0 drops dozens; on 8x8 (under 1 ms) they could fall one after another, none stale
+    big = [a if a != "1,8,8" else "1,32,32" for a in TINY]
+    r = ringps("train", *big, "--strategy", "ps-threshold", "--staleness-threshold", "0", "--workers", "3",
                "--slowdown", "1,1,4", "--epochs", "3", "--out", str(out))
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
