@@ -23,9 +23,11 @@ links, slowdown, the median compute and step time per step and the steps to the 
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
   itemises (PowerSGD's products and error feedback): measured less predicted step, median;
 - progress (sim/progress_fit.py): each strategy's steps to the target against allreduce's in the
-  same setting and seed (`factor`), and `staleness_a` of asynchronous pushes (a 1-D search on
-  the ps-* runs that reached the target, the staleness of their pushes up to it against
-  allreduce's steps; where none did, the file leaves it to the shipped model's).
+  same setting and seed (`factor`), allreduce's steps to the target and, from two or more worker
+  counts, the gradient noise scale (`noise_batch`), and `staleness_a` of asynchronous pushes
+  (one least-squares fit over the ps-* runs that reached the target, the staleness of their
+  pushes up to it against allreduce's steps; where none did, the file leaves it to the shipped
+  model's).
 It prints how well the fit holds: predicted against measured step time, run by run.
 """
 
