@@ -22,7 +22,6 @@ simulator is used) and on all (the shipped fit):
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from common import add_out_arg, console, guarded, run_matrix, write_report
 from rich.table import Table
 
 from ringps.sim.calibrate import Measured, read_run
-from ringps.sim.predict import Progress, dense_steps_at, push_worth
-from ringps.sim.progress_fit import fit_dense_steps, fit_staleness
+from ringps.sim.predict import STALENESS_FORMS, Progress, dense_steps_at, push_worth
+from ringps.sim.progress_fit import fit_dense_steps, fit_staleness, staleness_errors
 from ringps.sim.workload import load_workload
 
 CONTENDERS = {"allreduce": {"strategy": "allreduce"}, "ps-async": {"strategy": "ps-async"}}
@@ -52,18 +51,10 @@ def mean_staleness(m: Measured) -> float:
     return sum(s * v for s, v in t["histogram"].items()) / t["pushes"]
 
 
-def push_error(runs: list[Measured], n: int, a: float) -> list[float]:
+def push_error(runs: list[Measured], n: int, a: float, form: str = "linear") -> list[float]:
     """Each ps-async run at n workers: predicted pushes (allreduce's steps of its seed x n over a
     push's worth at its own staleness histogram and drops) against measured, as a ratio - 1."""
-    errs = []
-    for m in runs:
-        if m.strategy != "ps-async" or m.workers != n or not (m.extra.get("to_target") or {}).get("pushes"):
-            continue
-        base = next((x.steps_to_target for x in runs if x.strategy == "allreduce" and x.workers == n and x.seed == m.seed), None)
-        t = m.extra["to_target"]
-        if base:
-            errs.append(base * n / push_worth(t["histogram"], 1 - t["dropped"] / t["pushes"], a) / t["pushes"] - 1)
-    return errs
+    return [e for m, e in staleness_errors(runs, a, form) if m.workers == n and m.strategy == "ps-async"]
 
 
 def fmt_err(errs: list[float]) -> str:
@@ -123,36 +114,21 @@ def report(out: Path, fit_upto: int) -> list[str]:
     return lines
 
 
-FORMS = {"a x s (the model's)": float, "a x sqrt(s)": math.sqrt, "a x ln(1 + s)": math.log1p}
-
-
 def staleness_forms(runs: list[Measured], counts: list[int]) -> list[str]:
-    """The model's discount 1 / (1 + a x s) against two slower-growing ones, each fitted on every
-    run (least squares of log pushes, a grid over a): how well each holds from 2 to 12 workers,
-    and what each says a push 1,023 behind (1,024 workers) is worth. Not a model the simulator
-    offers: a check of how far the measured range pins the form down."""
-    pairs = []  # (workers, histogram, kept, what each push was worth)
-    for m in runs:
-        t = m.extra.get("to_target") or {}
-        base = next((x.steps_to_target for x in runs if x.strategy == "allreduce" and x.workers == m.workers
-                     and x.seed == m.seed and x.steps_to_target), None)
-        if m.strategy == "ps-async" and t.get("pushes") and base:
-            pairs.append((m.workers, t["histogram"], 1 - t["dropped"] / t["pushes"], base * m.workers / t["pushes"]))
-    if not pairs:
-        return []
-
-    def worth(h: dict, kept: float, a: float, f) -> float:
-        return kept * sum(v / (1 + a * f(int(s))) for s, v in h.items()) / sum(h.values())
-
+    """The model's discount 1 / (1 + a x s) against two slower-growing ones (`staleness_form`),
+    each fitted on every run: how well each holds from 2 to 12 workers, and what each says a push
+    1,023 behind (1,024 workers) is worth: how far the measured range pins the form down."""
+    names = {"linear": "a x s", "sqrt": "a x sqrt(s)", "log": "a x ln(1 + s)"}
     t = Table("discount 1 / (1 + ...), fitted on all", "a", *[f"{n} workers" for n in counts], "worth 1,023 behind")
     lines = ["ps-async pushes to 90% by the form of the staleness discount, each fitted on all (median error; worth 1,023 behind)"]
-    for name, f in FORMS.items():
-        a = min((k / 4000 for k in range(1, 4000)),
-                key=lambda a: sum((math.log(worth(h, kept, a, f)) - math.log(need)) ** 2 for _, h, kept, need in pairs))
-        cells = [fmt_err([need / worth(h, kept, a, f) - 1 for m, h, kept, need in pairs if m == n]) for n in counts]
-        far = f"{1 / (1 + a * f(1023)):.3f}"
-        t.add_row(name, f"{a:.4f}", *cells, far)
-        lines.append(f"  {name}: a = {a:.4f}: " + ", ".join(f"{n}w {c}" for n, c in zip(counts, cells)) + f"; {far}")
+    for form in STALENESS_FORMS:
+        a = fit_staleness(runs, form)
+        if a is None:
+            continue
+        cells = [fmt_err(push_error(runs, n, a, form)) for n in counts]
+        far = f"{push_worth({1023: 1}, 1.0, a, form):.3f}"
+        t.add_row(names[form], f"{a:.4f}", *cells, far)
+        lines.append(f"  {names[form]}: a = {a:.4f}: " + ", ".join(f"{n}w {c}" for n, c in zip(counts, cells)) + f"; {far}")
     console.print(t)
     return lines
 

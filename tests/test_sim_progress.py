@@ -267,3 +267,53 @@ def test_calibration_fits_the_noise_scale_from_allreduce_at_several_worker_count
     assert fit_dense_steps([m(4, 50, 0), m(4, 60, 1)]) == {"workers_ref": 4, "dense_steps": 55.0}
     assert "noise_batch" not in fit_dense_steps([m(n, curve(n, s_min=-5.0), 0) for n in (2, 4, 8)])
     assert fit_dense_steps([m(4, None, 0)]) == {}
+
+
+def test_the_staleness_discounts_form_is_stated_and_a_fitted_for_it(tmp_path):
+    """Hand-computed: one push 3 behind at a = 0.5 is worth 1 / (1 + 1.5) = 0.4 (linear),
+    1 / (1 + 0.5 sqrt 3) = 0.536 (sqrt), 1 / (1 + 0.5 ln 4) = 0.419 (log). Runs 1 and 11 behind
+    whose pushes a log discount with a = 0.2 explains exactly: fitted for log, a = 0.2 and every
+    run's pushes predicted exactly; fitted for linear, some a, but no single one predicts both
+    (the fresher run's pushes come out too few). The calibration writes the stated form's `a`, the
+    form, and every form's own `a`; a calibration file without a price takes the shipped form
+    with the shipped price; time-to-accuracy prices pushes in the progress file's form."""
+    import math
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured
+    from ringps.sim.predict import load_calibration, push_worth
+    from ringps.sim.progress_fit import fit_staleness, staleness_errors, staleness_fit
+
+    assert [push_worth({3: 1}, 1.0, 0.5, g) for g in ("linear", "sqrt", "log")] == pytest.approx(
+        [0.4, 1 / (1 + 0.5 * math.sqrt(3)), 1 / (1 + 0.5 * math.log(4))])
+
+    def m(strategy, workers, steps=None, hist=None, pushes=None):
+        extra = {"to_target": {"pushes": pushes, "dropped": 0, "histogram": hist}} if hist else {}
+        return Measured(Path(f"/r/{strategy}{workers}"), strategy, workers, 1, None, None, 1.0, 2.0, steps, 100.0, 0,
+                        "facenet", extra)
+
+    runs = []
+    for n, s in ((2, 1), (12, 11)):  # allreduce 50 steps: N x 50 fresh batches; each push 1 / (1 + 0.2 ln(1 + s))
+        runs += [m("allreduce", n, steps=50), m("ps-async", n, hist={s: 1}, pushes=round(50 * n * (1 + 0.2 * math.log1p(s))))]
+    assert fit_staleness(runs, "log") == pytest.approx(0.2, abs=2e-3)
+    assert all(abs(e) < 0.01 for _, e in staleness_errors(runs, fit_staleness(runs, "log"), "log"))
+    errs = dict((m.workers, e) for m, e in staleness_errors(runs, fit_staleness(runs, "linear"), "linear"))
+    assert errs[2] < -0.05 and abs(errs[12]) < abs(errs[2])  # the staler run pins a; the fresher one misses
+    doc, line = staleness_fit(runs, "linear")
+    assert doc["staleness_form"] == "linear" and doc["staleness_a"] == fit_staleness(runs, "linear")
+    assert doc["staleness_fits"]["log"] == pytest.approx(0.2, abs=2e-3) and "log: a 0.2" in line
+    assert staleness_fit(runs[:1], "linear")[0] == {}
+
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("compute_a: 4.0\n")
+    shipped = load_progress(None)
+    assert (load_calibration(str(cal), "--calibration").staleness_form, load_calibration(str(cal), "--calibration").staleness_a) \
+        == (shipped.staleness_form, shipped.staleness_a)
+    cal.write_text("staleness_a: 0.2\nstaleness_form: log\n")
+    assert load_calibration(str(cal), "--calibration").staleness_form == "log"
+
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=8, net="1gbit", shared_cores=2)
+    tta = {g: simulate("ps-async", w, c, Options(), Progress(staleness_a=0.2, staleness_form=g), steps=6).extra["time_to_accuracy_s"]
+           for g in ("linear", "sqrt", "log")}
+    assert tta["log"] < tta["sqrt"] < tta["linear"]  # ~7 behind: ln 8 < sqrt 7 < 7

@@ -367,7 +367,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     """`duplex_probes`: benchmarks/server_link.py results of the cluster's server links, taken as
     measured (`fit`), written to the file with the rest, so `--auto-calibration` prices the
     servers' lossy links as the calibration did."""
-    from ringps.sim.progress_fit import fit_dense_steps, fit_progress, fit_staleness
+    from ringps.sim.predict import load_progress
+    from ringps.sim.progress_fit import fit_dense_steps, fit_progress, staleness_fit
     from ringps.sim.workload import load_workload
 
     runs = [read_run(r) for r in run_dirs]
@@ -378,7 +379,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     f = fit(runs, w, duplex_from_probes(duplex_probes) if duplex_probes else None)
     cpu = fit_cpu(runs, w, f)
     factor = fit_progress(runs)
-    stale_a = fit_staleness(runs)
+    stale, stale_line = staleness_fit(runs, load_progress(None).staleness_form)
     dense = fit_dense_steps(runs)
     console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
                   f"run's processes); CPU per byte moved {f.cpu_per_byte:.3g} s; links: efficiency {f.efficiency:.3f}" +
@@ -398,12 +399,11 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
                   + (f"steps to the target {dense['dense_steps']:g} at {dense['workers_ref']} workers"
                      + (f", gradient noise scale {dense['noise_batch']:g} samples" if "noise_batch" in dense else "") + "; "
                      if dense else "")
-                  + (f"staleness_a {stale_a} (asynchronous pushes to the target)" if stale_a is not None else
-                     "staleness_a the shipped model's (no asynchronous run reached the target beside an allreduce one)"))
+                  + stale_line)
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            # steps to the target only where allreduce's runs reached it (else the profile's own)
            **dense,
-           "factor": factor, **({"staleness_a": stale_a} if stale_a is not None else {}),
+           "factor": factor, **stale,
            "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu,

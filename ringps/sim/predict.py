@@ -17,7 +17,9 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   is given): steps there take the faithful exchanges' time and make their progress;
 - an asynchronous push is one worker's batch at 1 / N of the learning rate, worth 1 / N of a
   dense step at N workers (the steps above), times
-  1 / (1 + staleness_a x s) at staleness s; a dropped push is worth nothing. Every worker's
+  1 / (1 + staleness_a x g(s)) at staleness s, g the stated `staleness_form` (s, sqrt(s) or
+  ln(1 + s); `a` is fitted for it, the form is not: runs at 2-12 workers fit all three, which
+  part far apart at hundreds, docs/RESULTS.md); a dropped push is worth nothing. Every worker's
   first push counts once (its staleness runs from the common start), the rest at the worth and
   rate of the simulated pushes after them: the prediction does not hang on how many pushes per
   worker the simulator ran.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,6 +42,9 @@ from ringps.sim.engine import PS, Options, Prediction, run_sync
 from ringps.sim.ps import run_ps
 from ringps.sim.workload import PROFILES, Workload
 
+# g(s) of a push's discount 1 / (1 + staleness_a x g(s)) at staleness s
+STALENESS_FORMS: dict[str, Callable[[float], float]] = {"linear": float, "sqrt": math.sqrt, "log": math.log1p}
+
 
 class Progress(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -48,6 +53,9 @@ class Progress(BaseModel):
     dense_steps: Optional[float] = Field(None, gt=0)  # None: the workload's steps_to_target
     factor: dict[str, float] = {}
     staleness_a: float = Field(0.1, ge=0)
+    staleness_form: Literal["linear", "sqrt", "log"] = "linear"  # g(s): stated, not fitted
+    # calibration: `staleness_a` fitted for each form (informational: to switch, set both keys)
+    staleness_fits: dict[str, float] = {}
     # the gradient noise scale in samples (calibrated from allreduce runs at two or more worker
     # counts); None: the profile's, else linear scaling
     noise_batch: Optional[float] = Field(None, gt=0)
@@ -88,19 +96,20 @@ def load_calibration(path: Optional[str], flag: str) -> Progress:
     update: dict = {"factor": {**shipped.factor, **calibrated.factor}}
     if calibrated.dense_steps is None:
         update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
-    if "staleness_a" not in calibrated.model_fields_set:
-        update["staleness_a"] = shipped.staleness_a
+    if "staleness_a" not in calibrated.model_fields_set:  # the price and its form go together
+        update |= {"staleness_a": shipped.staleness_a, "staleness_form": shipped.staleness_form}
     return calibrated.model_copy(update=update)
 
 
-def push_worth(hist: dict[int, int], kept: float, staleness_a: float) -> float:
-    """A mean asynchronous push's worth, in 1 / N of a dense step: 1 / (1 + staleness_a x s) over
-    the staleness histogram, times the share of pushes `kept` (a dropped one is worth nothing)."""
-    total = sum(hist.values()) or 1
-    return kept * sum(v / (1 + staleness_a * s) for s, v in hist.items()) / total
+def push_worth(hist: dict[int, int], kept: float, staleness_a: float, form: str = "linear") -> float:
+    """A mean asynchronous push's worth, in 1 / N of a dense step: 1 / (1 + staleness_a x g(s))
+    over the staleness histogram (g: `form`, STALENESS_FORMS), times the share of pushes `kept`
+    (a dropped one is worth nothing)."""
+    g, total = STALENESS_FORMS[form], sum(hist.values()) or 1
+    return kept * sum(v / (1 + staleness_a * g(int(s))) for s, v in hist.items()) / total
 
 
-def pushes_to_target(extra: dict, need: float, staleness_a: float) -> Optional[float]:
+def pushes_to_target(extra: dict, need: float, staleness_a: float, form: str = "linear") -> Optional[float]:
     """Asynchronous pushes to `need` fresh batches: every worker's first push once (its staleness
     counts from the common start, so at N workers the first round spreads over 0..N-1 and is
     worth far more than the steady state's pushes at ~N-1), then pushes at the steady state's
@@ -115,13 +124,13 @@ def pushes_to_target(extra: dict, need: float, staleness_a: float) -> Optional[f
     steady = {s: v - fh.get(s, 0) for s, v in hist.items() if v > fh.get(s, 0)}
     n_steady = total - n_first
     if not n_first or not n_steady:  # no first round recorded, or nothing after it: the whole histogram
-        value = push_worth(hist, kept, staleness_a)
+        value = push_worth(hist, kept, staleness_a, form)
         return need / value if value > 0 else None
-    got = push_worth(fh, 1 - first.get("dropped", 0) / n_first, staleness_a) * n_first
+    got = push_worth(fh, 1 - first.get("dropped", 0) / n_first, staleness_a, form) * n_first
     if got >= need:  # the first round alone gets there (a handful of batches' target)
         return need / (got / n_first)
     steady_kept = (kept * total - (n_first - first.get("dropped", 0))) / n_steady
-    value = push_worth(steady, steady_kept, staleness_a)
+    value = push_worth(steady, steady_kept, staleness_a, form)
     return n_first + (need - got) / value if value > 0 else None
 
 
@@ -158,7 +167,7 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
     if need is None:
         return None
     if pred.strategy in PS and pred.strategy != "ps-sync":
-        pushes = pushes_to_target(pred.extra, need * n, prog.staleness_a)  # each: one batch of N
+        pushes = pushes_to_target(pred.extra, need * n, prog.staleness_a, prog.staleness_form)  # each: one batch of N
         if pushes is None:
             return None  # every push dropped: it never gets there
         return push_time(pred, pushes) / prog.steps_factor(pred.strategy)

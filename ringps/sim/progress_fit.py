@@ -5,7 +5,8 @@
 - `dense_steps`, `workers_ref`, `noise_batch`: allreduce's steps to the target, and with two or
   more worker counts the gradient noise scale that moves them with the workers;
 - `staleness_a`: the price of an asynchronous push's staleness, from the parameter-server runs
-  that reached the target: their pushes, each with its staleness, against allreduce's steps.
+  that reached the target: their pushes, each with its staleness, against allreduce's steps,
+  for a stated form of the discount (`staleness_errors`: how well it holds, run by run).
 
 predict.py states how the two are used; calibrate.py reads the runs (`Measured`).
 """
@@ -17,7 +18,7 @@ import statistics
 from typing import Optional
 
 from ringps.sim.calibrate import Measured, plain
-from ringps.sim.predict import push_worth
+from ringps.sim.predict import STALENESS_FORMS, push_worth
 
 
 def fit_progress(runs: list[Measured]) -> dict[str, float]:
@@ -43,30 +44,22 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
 
 
-def fit_staleness(runs: list[Measured]) -> Optional[float]:
+def fit_staleness(runs: list[Measured], form: str = "linear") -> Optional[float]:
     """`staleness_a` of the progress model (an asynchronous push is worth 1 / N of a dense step
-    x 1 / (1 + a x s) at staleness s, nothing when dropped): over the asynchronous
-    parameter-server runs that reached the target beside an allreduce run of the same setting
-    and seed, the `a` whose predicted pushes (allreduce's steps x N, over the worth of a push
-    with each run's own staleness histogram and drops) best match the measured ones, in least
-    squares of their logs. One fit over every run, not a median of each run's own `a`: a run at
-    2 workers, whose pushes are ~1 behind, turns a 10% shortfall into a = 0.1, one at 12 into
-    0.01, so per-run `a`s scatter by worker count where the pushes they predict do not.
+    x 1 / (1 + a x g(s)) at staleness s, g the stated `form`, nothing when dropped): over the
+    asynchronous parameter-server runs that reached the target beside an allreduce run of the
+    same setting and seed, the `a` whose predicted pushes (allreduce's steps x N, over the worth
+    of a push with each run's own staleness histogram and drops) best match the measured ones, in
+    least squares of their logs. One fit over every run, not a median of each run's own `a`: a
+    run at 2 workers, whose pushes are ~1 behind, turns a 10% shortfall into a = 0.1, one at 12
+    into 0.01, so per-run `a`s scatter by worker count where the pushes they predict do not.
     None: no such run (or only runs whose pushes were all fresh: they say nothing of it)."""
-    ref = allreduce_steps(runs)
-    pairs = []  # (histogram, kept, each push's measured worth)
-    for m in runs:
-        base, reach = ref.get(setting(m)), m.extra.get("to_target") or {}
-        hist, pushes = reach.get("histogram"), reach.get("pushes")
-        if m.strategy == "ps-sync" or not m.strategy.startswith("ps-") or not (base and pushes and hist):
-            continue
-        if set(hist) != {0}:
-            pairs.append((hist, 1 - reach.get("dropped", 0) / pushes, base * m.workers / pushes))
+    pairs = [(h, kept, need) for _, h, kept, need in async_reached(runs) if set(h) != {0}]
     if not pairs:
         return None
 
     def loss(a: float) -> float:
-        return sum((math.log(max(push_worth(h, kept, a), 1e-12)) - math.log(need)) ** 2 for h, kept, need in pairs)
+        return sum((math.log(max(push_worth(h, kept, a, form), 1e-12)) - math.log(need)) ** 2 for h, kept, need in pairs)
 
     grid = [0.0] + [A_MAX * 10 ** (-6 + 6 * i / 240) for i in range(241)]  # 1e-4 .. 100, log-spaced
     i = min(range(len(grid)), key=lambda k: loss(grid[k]))
@@ -77,6 +70,44 @@ def fit_staleness(runs: list[Measured]) -> Optional[float]:
         m1, m2 = hi - (hi - lo) * 0.618, lo + (hi - lo) * 0.618
         lo, hi = (lo, m2) if loss(m1) <= loss(m2) else (m1, hi)
     return round((lo + hi) / 2, 4)
+
+
+def staleness_fit(runs: list[Measured], form: str) -> tuple[dict, str]:
+    """A calibration's staleness keys, and its line: `staleness_a` for the stated `form` (the
+    shipped model's) and, as evidence for the form itself, every form's own `a` and how far its
+    predicted pushes lie from the runs' (`staleness_fits`; to switch, set both keys). {}: no
+    asynchronous run reached the target beside an allreduce one."""
+    fits = {g: fit_staleness(runs, g) for g in STALENESS_FORMS}
+    if fits[form] is None:
+        return {}, "staleness_a the shipped model's (no asynchronous run reached the target beside an allreduce one)"
+
+    def held(g: str) -> str:
+        errs = [abs(e) for _, e in staleness_errors(runs, fits[g], g)]
+        return f"a {fits[g]}, pushes off by median {statistics.median(errs):.0%}, at most {max(errs):.0%}"
+
+    others = "; ".join(f"{g}: {held(g)}" for g in STALENESS_FORMS if g != form)
+    return ({"staleness_a": fits[form], "staleness_form": form, "staleness_fits": fits},
+            f"staleness_a {fits[form]} ({form}: {held(form)}; the form is stated, the others would give {others})")
+
+
+def staleness_errors(runs: list[Measured], a: float, form: str = "linear") -> list[tuple[Measured, float]]:
+    """Each asynchronous run that reached the target: its predicted pushes to it (allreduce's
+    steps x N over a push's worth at its own staleness histogram and drops, at `a` and `form`)
+    against its measured ones, as a ratio - 1."""
+    return [(m, need / push_worth(h, kept, a, form) - 1) for m, h, kept, need in async_reached(runs)]
+
+
+def async_reached(runs: list[Measured]) -> list[tuple[Measured, dict, float, float]]:
+    """(run, staleness histogram, share of pushes kept, what each push was worth in 1 / N of a
+    dense step) of every asynchronous parameter-server run that reached the target beside an
+    allreduce run of the same setting and seed."""
+    ref, out = allreduce_steps(runs), []
+    for m in runs:
+        base, reach = ref.get(setting(m)), m.extra.get("to_target") or {}
+        hist, pushes = reach.get("histogram"), reach.get("pushes")
+        if m.strategy != "ps-sync" and m.strategy.startswith("ps-") and base and pushes and hist:
+            out.append((m, hist, 1 - reach.get("dropped", 0) / pushes, base * m.workers / pushes))
+    return out
 
 
 A_MAX = 100.0  # the search's ceiling: a push 1 behind worth under 1% of a fresh one
