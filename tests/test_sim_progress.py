@@ -311,6 +311,11 @@ def test_the_staleness_discounts_form_is_stated_and_a_fitted_for_it(tmp_path):
         == (shipped.staleness_form, shipped.staleness_a)
     cal.write_text("staleness_a: 0.2\nstaleness_form: log\n")
     assert load_calibration(str(cal), "--calibration").staleness_form == "log"
+    from ringps.errors import ConfigError
+
+    cal.write_text("staleness_form: cubic\n")  # one line naming the file and the key, no validation traceback
+    with pytest.raises(ConfigError, match=r"--progress .*cal.yaml: staleness_form: Input should be 'linear', 'sqrt' or 'log'"):
+        load_progress(str(cal))
 
     w = load_workload("facenet")
     c = ClusterSpec(workers=8, net="1gbit", shared_cores=2)

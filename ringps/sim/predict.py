@@ -32,7 +32,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from ringps.errors import ConfigError
@@ -40,7 +39,7 @@ from ringps.sim import trace_out
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import PS, Options, Prediction, run_sync
 from ringps.sim.ps import run_ps
-from ringps.sim.workload import PROFILES, Workload
+from ringps.sim.workload import PROFILES, Workload, load_yaml_model
 
 # g(s) of a push's discount 1 / (1 + staleness_a x g(s)) at staleness s
 STALENESS_FORMS: dict[str, Callable[[float], float]] = {"linear": float, "sqrt": math.sqrt, "log": math.log1p}
@@ -81,7 +80,7 @@ def load_progress(path: Optional[str], flag: str = "--progress") -> Progress:
     if not p.is_file():
         raise ConfigError(f"{flag} {path}: no such file" + (
             "" if flag == "--progress" else " (write one with `ringps simulate --calibrate RUN... --out FILE`)"))
-    return Progress.model_validate(yaml.safe_load(p.read_text()))
+    return load_yaml_model(Progress, p, f"{flag} {path or p}")
 
 
 def load_calibration(path: Optional[str], flag: str) -> Progress:

@@ -94,12 +94,18 @@ def load_workload(spec: str) -> Workload:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
         raise ConfigError(f"--profile {spec}: no such file or shipped profile; shipped: {known}")
+    return load_yaml_model(Workload, path, f"--profile {spec}")
+
+
+def load_yaml_model(cls: type[BaseModel], path: Path, label: str):
+    """A YAML file validated as `cls`; what is wrong in it, one line naming `label` and the key
+    (a ConfigError, never a validation traceback)."""
     try:
-        return Workload.model_validate(yaml.safe_load(path.read_text()))
+        return cls.model_validate(yaml.safe_load(path.read_text()))
     except (ValidationError, yaml.YAMLError) as e:
-        first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
+        first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": " ".join(str(e).split()), "loc": ()}
         where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"--profile {spec}: {where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
+        raise ConfigError(f"{label}: {where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
 
 
 def from_profile(prof, name: str, device: str, steps_to_target: Optional[float] = None,
