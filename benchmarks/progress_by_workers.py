@@ -29,8 +29,8 @@ from common import add_out_arg, console, guarded, run_matrix, write_report
 from rich.table import Table
 
 from ringps.sim.calibrate import Measured, read_run
-from ringps.sim.predict import STALENESS_FORMS, Progress, dense_steps_at, push_worth
-from ringps.sim.progress_fit import fit_dense_steps, fit_staleness, staleness_errors
+from ringps.sim.predict import STALENESS_FORMS, Progress, dense_steps_at, load_progress, push_worth
+from ringps.sim.progress_fit import async_reached, fit_dense_steps, fit_staleness, staleness_errors
 from ringps.sim.workload import load_workload
 
 CONTENDERS = {"allreduce": {"strategy": "allreduce"}, "ps-async": {"strategy": "ps-async"}}
@@ -69,9 +69,7 @@ def report(out: Path, fit_upto: int) -> list[str]:
     counts = sorted(steps)
     t = Table("workers", "allreduce steps to 90%", "ps-async pushes to 90%", "mean staleness", "a push's worth (x 1/N step)")
     for n in counts:
-        worth = [s * n / m.extra["to_target"]["pushes"] for m in pushes[n]
-                 for s in [next((x.steps_to_target for x in runs if x.strategy == "allreduce" and x.workers == n
-                                 and x.seed == m.seed and x.steps_to_target), None)] if s]
+        worth = [need for m, _, _, need in async_reached(runs) if m.workers == n and m.strategy == "ps-async"]
         p = [m.extra["to_target"]["pushes"] for m in pushes[n]]
         t.add_row(str(n), f"{statistics.median(steps[n]):g} {steps[n]}" if steps[n] else "-",
                   f"{statistics.median(p):g} {p}" if p else "-",
@@ -101,7 +99,7 @@ def report(out: Path, fit_upto: int) -> list[str]:
 
     t = Table("ps-async pushes to 90%: staleness_a", *[f"{n} workers" for n in counts])
     lines.append("ps-async pushes to 90%, predicted from allreduce's steps x N and each run's staleness (median error)")
-    fits = [("shipped", _shipped_a())]
+    fits = [("shipped", load_progress(None).staleness_a)]
     fits += [(f"fitted on <= {fit_upto} workers", fit_staleness(small)), ("fitted on all", fit_staleness(runs))]
     for name, a in fits:
         if a is None:
@@ -131,12 +129,6 @@ def staleness_forms(runs: list[Measured], counts: list[int]) -> list[str]:
         lines.append(f"  {names[form]}: a = {a:.4f}: " + ", ".join(f"{n}w {c}" for n, c in zip(counts, cells)) + f"; {far}")
     console.print(t)
     return lines
-
-
-def _shipped_a() -> float:
-    from ringps.sim.predict import load_progress
-
-    return load_progress(None).staleness_a
 
 
 def main() -> None:

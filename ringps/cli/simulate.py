@@ -101,7 +101,7 @@ def strategies(spec: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ringps.sim.cluster import load_cluster
-    from ringps.sim.predict import dense_steps_at, load_progress, simulate
+    from ringps.sim.predict import dense_steps_at, load_progress, noise_scale, simulate
     from ringps.sim.workload import load_workload
 
     if args.calibrate:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                   f"mean {p.extra['mean_staleness']:.1f}, max {max(hist)}" if hist else "",
                   f"{p.extra['drop_fraction']:.0%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
     console.print(t)
-    noise = prog.noise_batch if prog.noise_batch is not None else w.noise_batch
+    noise = noise_scale(w, prog)
     console.print(f"time-to-accuracy: {prog.source or 'progress model'}; steps to target from "
                   f"{'the progress file' if prog.dense_steps else 'the profile'}: {dense_steps_at(c.workers, w, prog) or 0:.3g} "
                   f"dense steps at {c.workers} workers (" + (f"gradient noise scale {noise:g} samples" if noise is not None

@@ -146,6 +146,12 @@ def push_time(pred: Prediction, pushes: float) -> float:
     return until + (pushes - n) * (end - until) / (total - n)
 
 
+def noise_scale(w: Workload, prog: Progress) -> Optional[float]:
+    """The gradient noise scale in samples: the progress file's, else the profile's; None: neither
+    states one (constant samples to the target)."""
+    return prog.noise_batch if prog.noise_batch is not None else w.noise_batch
+
+
 def dense_steps_at(workers: int, w: Workload, prog: Progress) -> Optional[float]:
     """Dense synchronous steps to the target at `workers` workers (None: no steps to the target
     known): the progress file's or the profile's steps at `workers_ref`, moved along the noise
@@ -153,7 +159,7 @@ def dense_steps_at(workers: int, w: Workload, prog: Progress) -> Optional[float]
     dense = prog.dense_steps or w.steps_to_target
     if dense is None:
         return None
-    noise = prog.noise_batch if prog.noise_batch is not None else w.noise_batch
+    noise = noise_scale(w, prog)
     if noise is None:
         return dense * prog.workers_ref / workers
     s_min = dense / (1 + noise / (w.batch * prog.workers_ref))

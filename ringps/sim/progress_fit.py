@@ -128,8 +128,9 @@ def fit_dense_steps(runs: list[Measured]) -> dict:
     `workers_ref` (the worker count with the most runs, the smallest on a tie), `dense_steps`
     (their median) and, from two or more worker counts, `noise_batch` (McCandlish et al. 2018):
     steps = S_min + E_min / (batch x N) fitted by least squares over the runs, each at its own
-    batch, B = E_min / S_min, and `dense_steps` the fitted curve's at the reference. No `noise_batch` where the fit has none (S_min or E_min not
-    positive: steps fall as fast as the batch grows, or not at all). {}: no run reached it."""
+    batch, B = E_min / S_min, and `dense_steps` the fitted curve's at the reference. No
+    `noise_batch` where the fit has none (S_min or E_min not positive: steps fall as fast as the
+    batch grows, or not at all). {}: no run reached it."""
     reached = [m for m in runs if m.strategy == "allreduce" and m.steps_to_target]
     if not reached:
         return {}
