@@ -137,6 +137,15 @@ def test_ssp_holds_a_worker_ahead_until_the_slowest_moves():
     assert many.extra["mean_staleness"] == pytest.approx(255 / 2, rel=0.02)  # each push of a round bumps the version
 
 
+def test_predicted_seconds_keep_three_figures():
+    """`ringps plan --auto` printed whole seconds: fp16's 4.66 s and allreduce's 5.03 s both read
+    5 s; an exponent (4.79e+04) is no better for a table."""
+    from ringps.sim.auto import seconds
+
+    assert [seconds(x) for x in (0.04662, 4.662, 5.03, 264.2, 2819.4, 47939.0)] == [
+        "0.0466 s", "4.66 s", "5.03 s", "264 s", "2,820 s", "47,900 s"]
+
+
 def test_async_push_rate_is_every_workers_own_rate_summed():
     """An asynchronous job ends after a budget of applied pushes, not after the same number of
     pushes from each worker: on 1,1,2,4 with 1 s of compute and instant transfers the servers

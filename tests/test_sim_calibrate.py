@@ -82,6 +82,11 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
                           "--calibration", str(cal)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "recommended: fp16: predicted time-to-accuracy" in " ".join(out.stdout.split())
+    # without --net it prices what `ringps train` without --net runs: the unshaped loopback
+    bare_net = subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", "--here", "--workers", "4",
+                               "--calibration", str(cal)], capture_output=True, text=True, timeout=120)
+    assert bare_net.returncode == 0, bare_net.stderr
+    assert "on 4 workers, loopback (priced as 10gbit)" in bare_net.stdout and "1gbit" not in bare_net.stdout
     with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
         resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))
 

@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--net", default="1gbit", help="every link's rate (workers' and servers')")
+    p.add_argument("--net", help="every link's rate (workers' and servers'); default 1gbit, but with --auto --here "
+                   "unshaped (loopback), as `ringps train` without --net runs")
     p.add_argument("--density", type=float, default=0.01, help="top-k density")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--auto", action="store_true", help="rank every strategy and its key setting by the simulator's "
@@ -52,7 +53,7 @@ def _ms(s: float) -> str:
 
 
 def run_auto(args: argparse.Namespace) -> int:
-    from ringps.sim.auto import rank, reasons
+    from ringps.sim.auto import rank, reasons, seconds
     from ringps.sim.cluster import load_cluster
     from ringps.sim.predict import load_progress
     from ringps.sim.workload import load_workload
@@ -62,7 +63,7 @@ def run_auto(args: argparse.Namespace) -> int:
         from ringps.launch.run import auto_choices
 
         job = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size, "workers": args.workers,
-               "servers": args.servers, "net": None if args.net == "loopback" else args.net, "threads": args.threads,
+               "servers": args.servers, "net": None if args.net in (None, "loopback") else args.net, "threads": args.threads,
                "slowdown": args.slowdown, "auto_calibration": args.calibration, "strategy": "auto"}
         choices, c, measured, w = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}))
     else:
@@ -74,11 +75,12 @@ def run_auto(args: argparse.Namespace) -> int:
     for i, ch in enumerate(choices):
         p = ch.prediction
         hist = p.extra.get("staleness_histogram")
-        t.add_row(str(i + 1), ch.label(), f"{ch.tta:.0f} s" if ch.tta != float("inf") else "-", f"{p.step_s:.3f} s",
+        t.add_row(str(i + 1), ch.label(), seconds(ch.tta) if ch.tta != float("inf") else "-", f"{p.step_s:.3f} s",
                   f"{p.utilization:.0%}", f"{p.bytes_per_step / 1e6:.1f}",
-                  f"mean {p.extra['mean_staleness']:.1f}, {p.extra['drop_fraction']:.0%} dropped" if hist else "")
+                  f"mean {p.extra['mean_staleness']:.1f}, {p.extra['drop_fraction']:.1%} dropped" if hist else "")
     console = wide_console()
-    console.print(f"{w.name} on {c.workers} workers, {c.net} links" + (f", slowdown {c.slowdown}" if c.slowdown else "")
+    loopback = args.here and args.net in (None, "loopback")  # unshaped: priced as a fast link
+    console.print(f"{w.name} on {c.workers} workers, " + (f"loopback (priced as {c.net})" if loopback else f"{c.net} links") + (f", slowdown {c.slowdown}" if c.slowdown else "")
                   + (f"; this job's step measured here: {measured.step_s:.3f} s (x{c.compute_scale:.2f} the profile), "
                      f"{c.shared_cores} shared cores" if measured else ""))
     console.print(t)
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--here and --calibration price `ringps plan --auto`'s ranking: add --auto")
     if args.calibration and not args.here:
         raise ConfigError("--calibration prices this machine: add --here (a described cluster takes --compute-scale)")
+    if not args.here:
+        args.net = args.net or "1gbit"
     if args.auto:
         return run_auto(args)
     import torch

@@ -100,6 +100,7 @@ def strategies(spec: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ringps.sim.auto import seconds
     from ringps.sim.cluster import load_cluster
     from ringps.sim.predict import dense_steps_at, load_progress, noise_scale, simulate
     from ringps.sim.workload import load_workload
@@ -131,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
         hist = p.extra.get("staleness_histogram")
         t.add_row(p.strategy, f"{p.step_s * 1e3:.1f} ms", f"{p.utilization:.0%}", f"{p.exposed_s * 1e3:.1f} ms",
                   f"{p.bytes_per_step / 1e6:.2f}" + (f" (tail {p.extra['tail']['bytes_per_step'] / 1e6:.2f})"
-                                                     if "tail" in p.extra else ""), f"{tta:.3g} s" if tta else "-",
+                                                     if "tail" in p.extra else ""), seconds(tta) if tta else "-",
                   f"mean {p.extra['mean_staleness']:.1f}, max {max(hist)}" if hist else "",
-                  f"{p.extra['drop_fraction']:.0%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
+                  f"{p.extra['drop_fraction']:.1%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
     console.print(t)
     noise = noise_scale(w, prog)
     console.print(f"time-to-accuracy: {prog.source or 'progress model'}; steps to target from "
