@@ -22,6 +22,8 @@ def test_plan_prints_every_layer_with_methods_and_predictions():
     assert len(rows) == 6  # three conv and three fc layers
     assert all("dense" in l for l in rows[:3]) and any(" sf " in l or "topk" in l for l in rows[3:5])
     assert "predicted step, auto" in r.stdout and "predicted step, off" in r.stdout
+    bad = ringps("plan", "--model", "facenet", "--density", "3")  # `ringps train`'s bounds, one line
+    assert bad.returncode == 2 and bad.stderr.strip() == "ringps: --density 3.0: must be <= 1.0"
 
 
 def test_bench_comm_reports_every_exchange():

@@ -5,6 +5,7 @@ threshold drops), workload and cluster files validated in one line, the CLI's JS
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -322,6 +323,14 @@ def test_bad_profiles_and_clusters_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"--exact-tail 1.0: a fraction"):
         options(p.parse_args(["--exact-tail", "1"]))
     assert options(p.parse_args(["--run-steps", "150"])).tail_from == 90
+    # the strategy settings have `ringps train`'s bounds (--density 2 and --steps 0 used to run:
+    # the first predicted a step sending twice the model, the second a statistics traceback)
+    for flags, msg in ((["--density", "2"], "--density 2.0: must be <= 1.0"), (["--density", "0"], "must be > 0"),
+                       (["--staleness-threshold", "-1"], "must be >= 0"), (["--powersgd-rank", "0"], "must be >= 1"),
+                       (["--local-period", "0"], "must be >= 1"), (["--steps", "0"], "--steps 0: steps")):
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            options(p.parse_args(flags))
+    assert options(p.parse_args(["--density", "1", "--staleness-threshold", "0"])).density == 1.0
 
 
 def test_simulate_cli_prints_json_per_strategy():

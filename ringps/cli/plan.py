@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         bps = parse_rate(args.net) / 8 * 0.95
     except ValueError as e:
         raise ConfigError(f"--net {args.net}: {e}") from None
-    cfg = validate({"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size})
+    cfg = validate({"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size, "density": args.density})
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the workers whose compute this stands for
     data = load_dataset(cfg.data)

@@ -77,8 +77,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options(args: argparse.Namespace):
+    from ringps.config import load_config
     from ringps.sim.engine import Options
 
+    if args.steps < 1:
+        raise ConfigError(f"--steps {args.steps}: steps (pushes per worker) to simulate, at least 1")
+    # the strategy settings mean what `ringps train`'s do: its config's bounds, its one-line errors
+    load_config(None, {k: getattr(args, k) for k in ("density", "powersgd_rank", "local_period", "staleness_threshold",
+                                                     "powersgd_start_iter", "local_warmup_steps", "density_warmup_epochs")
+                       if getattr(args, k) is not None})
     if args.run_steps is not None and args.run_steps < 1:
         raise ConfigError(f"--run-steps {args.run_steps}: the run's length, at least 1 step")
     if not 0.0 <= args.exact_tail < 1.0:
@@ -123,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = wide_console()
     console.print(f"{w.name} ({w.params / 1e6:.1f} M parameters, {w.compute_s * 1e3:.0f} ms per step on {w.device or '?'}) "
-                  f"on {c.workers} workers, {c.net} links" + (f", nodes of {c.node_size} ({c.intra_net})" if c.node_size > 1 else "")
+                  f"on {c.workers} workers, {c.net} links" + (f", nodes of {c.node_size} ({c.intra_net or c.net} inside)" if c.node_size > 1 else "")
                   + (f", slowdown {c.slowdown}" if c.slowdown else "") + (f", jitter {c.jitter}" if c.jitter else ""))
     t = Table("strategy", "step", "utilization", "exposed/step", "MB/step", "time-to-accuracy", "staleness (ps)", "drops",
               "server link")
