@@ -393,7 +393,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
         p = predict_step(m, w, f, cpu)
         err = (p - m.step_s) / m.step_s if m.step_s else math.nan
         errors.append(abs(err))
-        console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}: step {m.step_s:.3f}s "
+        console.print(f"  {m.run.name}: {m.strategy}, {m.workers} workers, {m.net or 'loopback'}"
+                      + (f", slowdown {','.join(f'{x:g}' for x in m.slowdown)}" if m.slowdown else "") + f": step {m.step_s:.3f}s "
                       f"measured, {p:.3f}s predicted ({err:+.0%})")
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}; "
                   + (f"steps to the target {dense['dense_steps']:g} at {dense['workers_ref']} workers"
