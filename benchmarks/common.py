@@ -155,7 +155,7 @@ def table(title: str, runs_by: dict[str, list[dict]], ref: str) -> Table:
     t = Table(title=title, title_justify="left")
     t.add_column("contender", style="bold")
     for header, _, _ in COLUMNS:
-        t.add_column(header + " (median [min..max])", justify="right")
+        t.add_column(header + r" (median \[min..max])", justify="right")  # \[: not rich markup
     for label, runs in runs_by.items():
         cells = [label]
         for _, key, ratio in COLUMNS:

@@ -89,7 +89,7 @@ def main() -> None:
 
 def report(rows: dict, args: argparse.Namespace, policies: list[str], ws: list[int]) -> None:
     """The table, then the bars: memory flat in the workers (each policy), throughput no lower than the baseline's."""
-    t = Table("policy", "workers", "code", "pushes/s (median [min..max])", "server peak RSS MB", "ratio pushes/s",
+    t = Table("policy", "workers", "code", r"pushes/s (median \[min..max])", "server peak RSS MB", "ratio pushes/s",
               "ratio RSS")
     med = {k: (statistics.median(r["pushes_per_s"] for r in v), statistics.median(r["peak_rss"] for r in v))
            for k, v in rows.items()}
