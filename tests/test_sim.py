@@ -312,6 +312,20 @@ def test_bad_profiles_and_clusters_are_one_line(tmp_path):
         load_workload("nope")
     with pytest.raises(ConfigError, match="--net fast"):
         load_cluster(None, {"net": "fast"})
+    # a cluster file's faults name the file and its key (they were a YAML or pydantic traceback,
+    # or an unknown key read as a flag, '--nett 1gbit')
+    c = tmp_path / "c.yaml"
+    for text, msg in (("workers: 8\nnett: 1gbit\n", "c.yaml: nett: 1gbit: not a cluster key; known: workers, net,"),
+                      ("workers: [8\n", "c.yaml: not YAML: while parsing"), ("just text\n", "not a str"),
+                      ("slowdown: [1, 0.5]\n", "c.yaml: slowdown: [1, 0.5]: every factor must be >= 1")):
+        c.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(msg)) as e:
+            load_cluster(str(c), {"workers": None})
+        assert "\n" not in str(e.value)
+    c.write_text("workers: 8\nslowdown: [1, 0.5]\n")  # a flag over the file's key: the flag is judged
+    assert load_cluster(str(c), {"slowdown": "1,2"}).slowdowns()[:3] == [1.0, 2.0, 1.0]
+    with pytest.raises(ConfigError, match=re.escape("--workers 0: Input should be greater than or equal to 1")):
+        load_cluster(str(c), {"workers": 0, "slowdown": "1,2"})
     import argparse
 
     from ringps.cli.simulate import add_arguments, options

@@ -107,16 +107,31 @@ class ClusterSpec(BaseModel):
 
 
 def load_cluster(path: Optional[str], overrides: dict[str, Any]) -> ClusterSpec:
+    """The cluster from `path` (YAML, optional) with the flags given (`overrides`, None: not
+    given) over its keys; what is wrong is one line naming the flag, or the file and its key."""
     data: dict[str, Any] = {}
     if path:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"--cluster {path}: no such file")
-        data = yaml.safe_load(p.read_text()) or {}
-    data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--cluster {path}: not YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--cluster {path}: a mapping of cluster keys (workers: 64, net: 10gbit, ...), "
+                              f"not a {type(data).__name__}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    data.update(given)
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        key = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "cluster"
-        raise ConfigError(f"{key} {err.get('input')}: {str(err['msg']).removeprefix('Value error, ')}") from None
+        name = str(err["loc"][0]) if err["loc"] else None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"not a cluster key; known: {', '.join(ClusterSpec.model_fields)}"
+        if path and name is not None and name not in given:  # the file's key, not a flag
+            raise ConfigError(f"--cluster {path}: {name}: {err.get('input')}: {msg}") from None
+        key = "--" + name.replace("_", "-") if name else "cluster"
+        raise ConfigError(f"{key} {err.get('input')}: {msg}") from None
