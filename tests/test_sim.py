@@ -359,6 +359,26 @@ def test_simulate_cli_prints_json_per_strategy():
     assert "staleness_histogram" in rows[1] and "drop_fraction" in rows[1]
 
 
+def test_plan_auto_takes_the_cluster_as_simulate_does(tmp_path):
+    """`ringps plan --auto` describes the cluster with `ringps simulate`'s flags and file (it had
+    only --workers, --net, --servers, --slowdown and --compute-scale: no nodes, no --cluster), a
+    flag over the file's key; the cluster flags with --here, which prices this machine, are one line."""
+    def plan(*flags):
+        return subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", *flags], capture_output=True, text=True,
+                              timeout=120)
+
+    nodes = plan("--workers", "16", "--net", "25gbit", "--node-size", "4", "--intra-net", "600gbit")
+    assert nodes.returncode == 0, nodes.stderr
+    assert "on 16 workers, 25gbit links, nodes of 4 (600gbit inside)" in nodes.stdout
+    f = tmp_path / "c.yaml"
+    f.write_text("workers: 12\nnet: 10gbit\nslowdown: [1, 2]\n")
+    r = plan("--cluster", str(f), "--workers", "6")
+    assert r.returncode == 0, r.stderr
+    assert "on 6 workers, 10gbit links, slowdown [1.0, 2.0]" in r.stdout and "recommended: " in r.stdout
+    bad = plan("--here", "--node-size", "2")
+    assert bad.returncode == 2 and "--node-size describes a cluster for `ringps plan --auto` without --here" in bad.stderr
+
+
 def test_an_exchanges_own_cpu_delays_the_step_even_where_its_wire_hides():
     """Selection and scatter-adds run on the worker's CPU beside the backward, so they delay the
     step second for second, as the hook's cost model counts them (cpu_share 1); only the wire

@@ -6,10 +6,12 @@ The layers are profiled here (one process, one batch); the compute is scaled by 
 of the real job (its processes per CPU core) and the links are the --net rate (or --bandwidth).
 
     ringps plan --auto --model facenet --workers 64 --net 10gbit [--compute-scale A]
+    ringps plan --auto --workers 64 --net 25gbit --node-size 8 --intra-net 600gbit   # or --cluster FILE
     ringps plan --auto --here --workers 4 --net 1gbit [--calibration FILE]
 
 `--auto` ranks every strategy and its key setting by predicted time-to-accuracy on the described
-cluster, the shipped profile's compute times --compute-scale; `--here` prices this machine
+cluster (the flags and --cluster file of `ringps simulate`), the shipped profile's compute times
+--compute-scale; `--here` prices this machine
 instead, exactly as `ringps train --strategy auto` with the same flags does before it starts.
 """
 
@@ -19,6 +21,7 @@ import argparse
 
 from rich.table import Table
 
+from ringps.cli.simulate import CLUSTER_FLAGS, CLUSTER_KEYS, add_cluster_arguments, describe
 from ringps.cli.tables import wide_console
 from ringps.config import parse_rate, validate
 from ringps.errors import ConfigError
@@ -31,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="facenet")
     p.add_argument("--dataset", default="orl-faces")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--workers", type=int, help="default 4 (--auto: the --cluster file's, else 4)")
+    p.add_argument("--servers", type=int, help="default 1")
     p.add_argument("--net", help="every link's rate (workers' and servers'); default 1gbit, but with --auto --here "
                    "unshaped (loopback), as `ringps train` without --net runs")
     p.add_argument("--density", type=float, default=0.01, help="top-k density")
@@ -41,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "predicted time-to-accuracy, and recommend one")
     p.add_argument("--profile", help="--auto: workload profile (default: the model's shipped one)")
     p.add_argument("--slowdown", help="--auto: per-worker factors, e.g. 1,1,2,4")
-    p.add_argument("--compute-scale", type=float, default=1.0, help="--auto: the profile's compute x this")
+    # --auto without --here describes the cluster as `ringps simulate` does: the same flags, or --cluster FILE
+    add_cluster_arguments(p, skip=("workers", "servers", "net", "slowdown"))
     p.add_argument("--here", action="store_true", help="--auto: price this machine as `ringps train --strategy auto` "
                    "does: time the job's step here, every worker a process on these cores (--net loopback: unshaped)")
     p.add_argument("--calibration", help="--auto --here: price it with this calibration file instead "
@@ -68,8 +72,7 @@ def run_auto(args: argparse.Namespace) -> int:
         choices, c, measured, w = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}))
     else:
         w = load_workload(args.profile or args.model)
-        c = load_cluster(None, {"workers": args.workers, "net": args.net, "servers": args.servers,
-                                "slowdown": args.slowdown, "compute_scale": args.compute_scale})
+        c = load_cluster(args.cluster, {k: getattr(args, k) for k in CLUSTER_KEYS})
         choices, measured = rank(w, c, load_progress(None)), None
     t = Table("rank", "strategy (setting)", "time-to-accuracy", "step", "utilization", "MB/step", "staleness / drops")
     for i, ch in enumerate(choices):
@@ -80,7 +83,7 @@ def run_auto(args: argparse.Namespace) -> int:
                   f"mean {p.extra['mean_staleness']:.1f}, {p.extra['drop_fraction']:.1%} dropped" if hist else "")
     console = wide_console()
     loopback = args.here and args.net in (None, "loopback")  # unshaped: priced as a fast link
-    console.print(f"{w.name} on {c.workers} workers, " + (f"loopback (priced as {c.net})" if loopback else f"{c.net} links") + (f", slowdown {c.slowdown}" if c.slowdown else "")
+    console.print(f"{w.name} on {describe(c, f'loopback (priced as {c.net})' if loopback else '')}"
                   + (f"; this job's step measured here: {measured.step_s:.3f} s (x{c.compute_scale:.2f} the profile), "
                      f"{c.shared_cores} shared cores" if measured else ""))
     console.print(t)
@@ -93,10 +96,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--here and --calibration price `ringps plan --auto`'s ranking: add --auto")
     if args.calibration and not args.here:
         raise ConfigError("--calibration prices this machine: add --here (a described cluster takes --compute-scale)")
-    if not args.here:
-        args.net = args.net or "1gbit"
+    described = [k for k in CLUSTER_FLAGS if k not in ("workers", "servers", "net", "slowdown")
+                 and getattr(args, k) is not None]
+    if described and (args.here or not args.auto):
+        raise ConfigError(f"--{described[0].replace('_', '-')} describes a cluster for `ringps plan --auto` without "
+                          "--here (--here prices this machine; the layer plan takes --workers, --servers and --net)")
+    if args.auto and not args.here:
+        return run_auto(args)  # unset flags: the --cluster file's keys, else the cluster's defaults
+    args.workers = 4 if args.workers is None else args.workers
+    args.servers = 1 if args.servers is None else args.servers
     if args.auto:
         return run_auto(args)
+    args.net = args.net or "1gbit"
     import torch
 
     from ringps.comm.probe import calibrate_cpu

@@ -25,34 +25,51 @@ from ringps.cli.tables import wide_console
 from ringps.errors import ConfigError
 
 HELP = "predict step time and time-to-accuracy of every strategy on a cluster (discrete events + alpha-beta)"
-CLUSTER_KEYS = ("workers", "net", "latency_s", "node_size", "intra_net", "slowdown", "jitter", "servers", "server_net",
-                "efficiency", "fairness", "server_efficiency", "server_duplex", "compute_scale", "shared_cores",
-                "cpu_per_byte")
+# the cluster YAML's keys (sim/cluster.py) as flags, and --cluster for the file itself
+CLUSTER_FLAGS: dict[str, dict] = {
+    "cluster": dict(help="cluster YAML (flags override its keys)"),
+    "workers": dict(type=int),
+    "net": dict(help="each host's link rate, e.g. 10gbit"),
+    "latency_s": dict(type=float),
+    "node_size": dict(type=int, help="workers per node (with --intra-net)"),
+    "intra_net": dict(help="link rate inside a node"),
+    "slowdown": dict(help="per-worker factors, e.g. 1,1,2,4 (repeated over the workers)"),
+    "jitter": dict(type=float, help="lognormal sigma of each step's compute"),
+    "servers": dict(type=int),
+    "server_net": dict(),
+    "efficiency": dict(type=float, help="payload per configured link bit (calibrated: --calibrate)"),
+    "fairness": dict(type=float, help="how transfers in flight share a server's link: 1 evenly (default), "
+                     "0 first come first served (a drop-tail queue that overflows)"),
+    "server_efficiency": dict(type=float, help="the servers' links' payload per bit (default: --efficiency)"),
+    "server_duplex": dict(type=float, help="each direction of a server's link while pushes come in and replies "
+                          "go out at once, x its rate (default 1: independent; benchmarks/server_link.py measures it)"),
+    "compute_scale": dict(type=float, help="the profile's compute x this (another device)"),
+    "shared_cores": dict(type=int, help="all workers are processes sharing this many cores (an emulated cluster "
+                         "on one machine, like ringps's own --net runs)"),
+    "cpu_per_byte": dict(type=float, help="CPU seconds per byte a worker sends or receives, on the cores it "
+                         "computes on (default 0: not modelled; --calibrate measures it)"),
+}
+CLUSTER_KEYS = tuple(k for k in CLUSTER_FLAGS if k != "cluster")
+
+
+def describe(c, links: str = "") -> str:
+    """The cluster in a few words, for a table's heading (`links`: how its links are priced)."""
+    return (f"{c.workers} workers, {links or c.net + ' links'}"
+            + (f", nodes of {c.node_size} ({c.intra_net or c.net} inside)" if c.node_size > 1 else "")
+            + (f", slowdown {c.slowdown}" if c.slowdown else "") + (f", jitter {c.jitter}" if c.jitter else ""))
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The cluster's flags, one per key of the cluster YAML (sim/cluster.py), less `skip` (those a
+    command defines its own way): `ringps simulate` and `ringps plan --auto` describe it alike."""
+    for key, kw in CLUSTER_FLAGS.items():
+        if key not in skip:
+            p.add_argument("--" + key.replace("_", "-"), **kw)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="facenet", help="workload profile: a YAML file or a shipped name")
-    p.add_argument("--cluster", help="cluster YAML (flags override its keys)")
-    p.add_argument("--workers", type=int)
-    p.add_argument("--net", help="each host's link rate, e.g. 10gbit")
-    p.add_argument("--latency-s", type=float)
-    p.add_argument("--node-size", type=int, help="workers per node (with --intra-net)")
-    p.add_argument("--intra-net", help="link rate inside a node")
-    p.add_argument("--slowdown", help="per-worker factors, e.g. 1,1,2,4 (repeated over the workers)")
-    p.add_argument("--jitter", type=float, help="lognormal sigma of each step's compute")
-    p.add_argument("--servers", type=int)
-    p.add_argument("--server-net")
-    p.add_argument("--efficiency", type=float, help="payload per configured link bit (calibrated: --calibrate)")
-    p.add_argument("--fairness", type=float, help="how transfers in flight share a server's link: 1 evenly (default), "
-                   "0 first come first served (a drop-tail queue that overflows)")
-    p.add_argument("--server-efficiency", type=float, help="the servers' links' payload per bit (default: --efficiency)")
-    p.add_argument("--server-duplex", type=float, help="each direction of a server's link while pushes come in and "
-                   "replies go out at once, x its rate (default 1: independent; benchmarks/server_link.py measures it)")
-    p.add_argument("--compute-scale", type=float, help="the profile's compute x this (another device)")
-    p.add_argument("--shared-cores", type=int, help="all workers are processes sharing this many cores (an emulated "
-                   "cluster on one machine, like ringps's own --net runs)")
-    p.add_argument("--cpu-per-byte", type=float, help="CPU seconds per byte a worker sends or receives, on the cores it "
-                   "computes on (default 0: not modelled; --calibrate measures it)")
+    add_cluster_arguments(p)
     p.add_argument("--strategy", default="all", help="comma-separated, or all")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--powersgd-rank", type=int, default=4)
@@ -130,8 +147,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = wide_console()
     console.print(f"{w.name} ({w.params / 1e6:.1f} M parameters, {w.compute_s * 1e3:.0f} ms per step on {w.device or '?'}) "
-                  f"on {c.workers} workers, {c.net} links" + (f", nodes of {c.node_size} ({c.intra_net or c.net} inside)" if c.node_size > 1 else "")
-                  + (f", slowdown {c.slowdown}" if c.slowdown else "") + (f", jitter {c.jitter}" if c.jitter else ""))
+                  f"on {describe(c)}")
     t = Table("strategy", "step", "utilization", "exposed/step", "MB/step", "time-to-accuracy", "staleness (ps)", "drops",
               "server link")
     for p in sorted(preds, key=lambda p: p.extra.get("time_to_accuracy_s") or float("inf")):
