@@ -359,6 +359,23 @@ def test_simulate_cli_prints_json_per_strategy():
     assert "staleness_histogram" in rows[1] and "drop_fraction" in rows[1]
 
 
+def test_a_profile_without_steps_to_its_target_says_how_to_get_a_time_to_accuracy(tmp_path):
+    """A user's own profile (`ringps profile --out`) has no steps to the target: the footer said
+    '0 dense steps at 8 workers'; it now says what to add."""
+    f = tmp_path / "mine.yaml"
+    f.write_text("name: mine\nbatch: 16\nlayers: [{name: a, params: 100000, forward_s: 0.001, backward_s: 0.002}]\n")
+    r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--profile", str(f), "--workers", "8", "--strategy",
+                        "allreduce"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "time-to-accuracy: not predicted, mine has no steps to its target: add steps_to_target" in out
+    assert "0 dense steps" not in out
+    plan = subprocess.run([sys.executable, "-m", "ringps", "plan", "--auto", "--profile", str(f), "--workers", "8"],
+                          capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "so ranked by step time alone" in " ".join(plan.stdout.split()) and "inf s" not in plan.stdout
+
+
 def test_plan_auto_takes_the_cluster_as_simulate_does(tmp_path):
     """`ringps plan --auto` describes the cluster with `ringps simulate`'s flags and file (it had
     only --workers, --net, --servers, --slowdown and --compute-scale: no nodes, no --cluster), a

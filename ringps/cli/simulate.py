@@ -159,9 +159,14 @@ def run(args: argparse.Namespace) -> int:
                   f"mean {p.extra['mean_staleness']:.1f}, max {max(hist)}" if hist else "",
                   f"{p.extra['drop_fraction']:.1%}" if hist else "", f"{p.extra['server_link_occupancy']:.0%}" if hist else "")
     console.print(t)
-    noise = noise_scale(w, prog)
+    noise, dense = noise_scale(w, prog), dense_steps_at(c.workers, w, prog)
+    if dense is None:  # a profile of the user's own model: nothing says how many steps it needs
+        console.print(f"time-to-accuracy: not predicted, {w.name} has no steps to its target: add steps_to_target "
+                      "(dense steps at 4 workers) to the profile, or give --progress FILE from `ringps simulate "
+                      "--calibrate RUN...` of your own runs")
+        return 0
     console.print(f"time-to-accuracy: {prog.source or 'progress model'}; steps to target from "
-                  f"{'the progress file' if prog.dense_steps else 'the profile'}: {dense_steps_at(c.workers, w, prog) or 0:.3g} "
+                  f"{'the progress file' if prog.dense_steps else 'the profile'}: {dense:.3g} "
                   f"dense steps at {c.workers} workers (" + (f"gradient noise scale {noise:g} samples" if noise is not None
                                                             else "constant samples to the target") + ")")
     return 0

@@ -71,6 +71,10 @@ def seconds(s: float) -> str:
 def reasons(choices: list[Choice]) -> str:
     best, runner = choices[0], (choices[1] if len(choices) > 1 else None)
     p = best.prediction
+    if not math.isfinite(best.tta):  # no steps to the target known: `rank` fell back on the step
+        return (f"{best.label()}: the shortest predicted step, {p.step_s:.3f} s ({p.utilization:.0%} utilization); "
+                "no time-to-accuracy (the profile has no steps_to_target), so ranked by step time alone, which does "
+                "not count the steps each strategy needs")
     why = (f"{best.label()}: predicted time-to-accuracy {seconds(best.tta)} (step {p.step_s:.3f} s, {p.utilization:.0%} "
            f"utilization, {p.bytes_per_step / 1e6:.1f} MB sent per step)")
     if runner is not None and math.isfinite(runner.tta):
