@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     noise, dense = noise_scale(w, prog), dense_steps_at(c.workers, w, prog)
     if dense is None:  # a profile of the user's own model: nothing says how many steps it needs
         console.print(f"time-to-accuracy: not predicted, {w.name} has no steps to its target: add steps_to_target "
-                      "(dense steps at 4 workers) to the profile, or give --progress FILE from `ringps simulate "
+                      f"(dense steps at {prog.workers_ref} workers) to the profile (`ringps profile --steps-to-target N`), or give --progress FILE from `ringps simulate "
                       "--calibrate RUN...` of your own runs")
         return 0
     console.print(f"time-to-accuracy: {prog.source or 'progress model'}; steps to target from "
