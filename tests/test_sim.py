@@ -394,6 +394,8 @@ def test_plan_auto_takes_the_cluster_as_simulate_does(tmp_path):
     assert "on 6 workers, 10gbit links, slowdown [1.0, 2.0]" in r.stdout and "recommended: " in r.stdout
     bad = plan("--here", "--node-size", "2")
     assert bad.returncode == 2 and "--node-size describes a cluster for `ringps plan --auto` without --here" in bad.stderr
+    missing = plan("--here", "--calibration", str(tmp_path / "none.yaml"))  # plan's own flag, not train's
+    assert missing.returncode == 2 and missing.stderr.startswith(f"ringps: --calibration {tmp_path / 'none.yaml'}: no such file")
 
 
 def test_an_exchanges_own_cpu_delays_the_step_even_where_its_wire_hides():

@@ -69,7 +69,8 @@ def run_auto(args: argparse.Namespace) -> int:
         job = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size, "workers": args.workers,
                "servers": args.servers, "net": None if args.net in (None, "loopback") else args.net, "threads": args.threads,
                "slowdown": args.slowdown, "auto_calibration": args.calibration, "strategy": "auto"}
-        choices, c, measured, w = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}))
+        choices, c, measured, w = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}),
+                                               "--calibration")
     else:
         w = load_workload(args.profile or args.model)
         c = load_cluster(args.cluster, {k: getattr(args, k) for k in CLUSTER_KEYS})

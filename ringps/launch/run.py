@@ -70,10 +70,10 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "RINGPS_LAUNCHED" not in os.environ
 
 
-def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
+def auto_choices(cfg: Config, flag: str = "--auto-calibration") -> tuple[list, Any, Optional[Any], Any]:
     """Every candidate strategy for this job on this machine, fastest predicted first (ringps/sim/auto.py),
     with the cluster it priced, the step it measured here (None: a calibration file priced it) and
-    the workload profile."""
+    the workload profile; `flag`: the calibration file's flag, for its errors."""
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
@@ -82,7 +82,7 @@ def auto_choices(cfg: Config) -> tuple[list, Any, Optional[Any], Any]:
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
 
-    prog = load_calibration(cfg.strategy.auto_calibration, "--auto-calibration")
+    prog = load_calibration(cfg.strategy.auto_calibration, flag)
     w = load_workload(cfg.model.model)
     servers, net = cfg.run.servers, cfg.run.net.split(",")[0] if cfg.run.net else None
     fitted, measured = fitted_from(prog), None
