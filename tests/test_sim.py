@@ -147,6 +147,33 @@ def test_predicted_seconds_keep_three_figures():
         "0.0466 s", "4.66 s", "5.03 s", "264 s", "2,820 s", "47,900 s"]
 
 
+def test_the_predicted_timeline_is_the_simulated_steps(tmp_path):
+    """`--trace` writes what the simulation did, worker by worker, named as a run's trace names it
+    (it drew every worker's steps at the mean step: a parameter server's fast worker pushed as
+    seldom as its slow one, and no synchronous worker ever waited). 1 s of compute (a third
+    forward), workers 1 and 2x, transfers instant: the fast one waits from 1 s to 2 s for the
+    slow one's backward; asynchronous, it pushes twice as often."""
+    import json
+
+    fast = {"net": "1000gbit", "latency_s": 0.0, "efficiency": 1.0, "slowdown": [1, 2]}
+    p = simulate("allreduce", toy(), ClusterSpec(workers=2, **fast), Options(), Progress(), steps=3,
+                 trace_dir=tmp_path / "ar")
+    spans = {i: [(n, round(a, 3), round(b, 3)) for n, _, a, b, _ in sp] for i, sp in p.timeline.items()}
+    assert spans[0][:3] == [("forward", 0, 0.333), ("backward", 0.333, 1.0), ("exposed communication", 1.0, 2.0)]
+    assert ("backward", 0.667, 2.0) in spans[1] and ("exposed communication", 2.0, 2.0) in spans[1]  # the collective's 32 us
+    assert [n for n, *_ in spans[0]].count("forward") == 3  # every step simulated, up to SHOWN_STEPS
+    a = simulate("ps-async", toy(), ClusterSpec(workers=2, **fast), Options(), Progress(), steps=3)
+    pushes = {i: [t0 for n, _, t0, _, _ in sp if n == "push"] for i, sp in a.timeline.items()}
+    assert len([t for t in pushes[0] if t < 4.5]) == 4 and len([t for t in pushes[1] if t < 4.5]) == 2
+    trace = json.loads((tmp_path / "ar" / "trace" / "sim-rank-0.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {e["name"] for e in events if e.get("ph") == "X"}
+    assert {"forward", "backward", "exposed communication"} <= names
+    # at scale the timeline is the first workers' first steps, not 1,024 workers' every step
+    big = simulate("ps-async", toy(), ClusterSpec(workers=256, net="100gbit"), Options(), Progress(), steps=4)
+    assert len(big.timeline) == 16 and max(sum(n == "push" for n, *_ in sp) for sp in big.timeline.values()) <= 5
+
+
 def test_async_push_rate_is_every_workers_own_rate_summed():
     """An asynchronous job ends after a budget of applied pushes, not after the same number of
     pushes from each worker: on 1,1,2,4 with 1 s of compute and instant transfers the servers

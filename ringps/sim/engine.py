@@ -70,6 +70,18 @@ class Options:
         return tail_start(self.total_steps, self.exact_tail)
 
 
+SHOWN_WORKERS, SHOWN_STEPS = 16, 5  # the predicted timeline (trace_out.py): the first workers' first steps
+
+
+def marker(timeline: dict[int, list[tuple]]):
+    """`mark(i, k, name, cat, t0, t1, lane)`: worker i's step k's span, kept for the first workers'
+    first steps (a timeline of 1,024 workers x every step would be most of the simulation's time)."""
+    def mark(i: int, k: int, name: str, cat: str, t0: float, t1: float, lane: str = "main") -> None:
+        if i < SHOWN_WORKERS and k < SHOWN_STEPS and t1 - t0 > 1e-9:  # not a rounding's worth
+            timeline.setdefault(i, []).append((name, cat, t0, t1, lane))
+    return mark
+
+
 @dataclass
 class Prediction:
     strategy: str
@@ -80,6 +92,9 @@ class Prediction:
     bytes_per_step: float  # sent per worker per step
     utilization: float
     extra: dict[str, Any] = field(default_factory=dict)  # ps: staleness histogram, drops, link occupancy
+    # worker -> its spans (name, category, start s, end s, lane) in the first steps, as a run's trace
+    # names them (forward, backward, exposed communication, bucket i, push, ...): not in as_dict
+    timeline: dict[int, list[tuple]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "workers": self.workers, "step_s": self.step_s, "compute_s": self.compute_s,
@@ -212,6 +227,8 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     own_cpu = o.extra_cpu_s + c.cpu_per_byte * 2 * sent_per_step + sum(x.cpu for x in comm)
     ends, computes = [], []
     last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
+    timeline: dict[int, list[tuple]] = {}
+    mark = marker(timeline)
 
     def step(k: int):
         # each worker's phases with its slowdown and this step's jitter, sharing the cores in an
@@ -223,15 +240,25 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
         for i, p in enumerate(ph):
             last[i] = (p[0].end - p[0].start) + (p[2].end - p[2].start)
         computes.append(statistics.mean(p[2].end - t0 for p in ph))
-        busy = t0
-        for b, x in zip(plan, comm):  # every worker's bucket b, then its collective
+        busy, spans = t0, []
+        for n, (b, x) in enumerate(zip(plan, comm)):  # every worker's bucket b, then its collective
             ready = max(p[2].time_at(b.ready / bwd * p[2].amount if bwd else 0.0) for p in ph)
+            spans.append((f"bucket {n}", max(busy, ready), max(busy, ready) + x.secs))
             busy = max(busy, ready) + x.secs
         if fused:  # ring-topk's deferred small tensors, once the last bucket is in
-            busy = max(busy, max(p[2].end for p in ph)) + fused_s
+            start = max(busy, max(p[2].end for p in ph))
+            spans.append(("small tensors (fused)", start, start + fused_s))
+            busy = start + fused_s
         end = max(busy, max(p[3].end for p in ph))
         if local:  # the model average every H steps, spread over them (the mean step over a period)
+            spans.append(("model averaging", end, end + period_s / o.local_period))
             end += period_s / o.local_period
+        for i, p in enumerate(ph[:SHOWN_WORKERS]):  # the step as a run's trace shows it
+            for name, ph_i in (("forward", 0), ("slowdown", 1), ("backward", 2), ("strategy CPU", 3)):
+                mark(i, k, name, "compute", p[ph_i].start, p[ph_i].end)
+            mark(i, k, "exposed communication", "comm", p[3].end, end)
+            for name, a, z in spans:
+                mark(i, k, name, "comm", a, z, lane="comm")
         yield env.timeout(end - t0)
         ends.append(env.now - t0)
 
@@ -254,4 +281,5 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
                 dense[x.dense_as] = dense.get(x.dense_as, 0) + x.selectable
         if dense:
             extra["dense_as"] = dense
-    return Prediction(strategy, c.workers, step_s, compute, step_s - compute, sent_per_step, compute / step_s, extra)
+    return Prediction(strategy, c.workers, step_s, compute, step_s - compute, sent_per_step, compute / step_s, extra,
+                      timeline)

@@ -36,7 +36,7 @@ from collections import Counter
 import simpy
 
 from ringps.sim.cluster import ClusterSpec
-from ringps.sim.engine import Options, Prediction
+from ringps.sim.engine import Options, Prediction, marker
 from ringps.sim.link import SharedLink
 from ringps.sim.workload import Workload
 
@@ -62,6 +62,8 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     state = {"version": 0, "applied": 0, "dropped": 0, "dropped_first": 0, "judged": 0}
     budget, finished = n * pushes_per_worker, env.event()  # applied pushes; then the run ends
     clock = Counter()  # pushes in, per worker
+    timeline: dict[int, list[tuple]] = {}
+    mark = marker(timeline)
     at = Counter({0: n})  # workers per clock value: the slowest's clock without a scan
     slowest = {"clock": 0, "moved": env.event()}
     hist: Counter = Counter()
@@ -81,7 +83,10 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     def push(i: int, seen: int):
         """One push and its reply; returns the version of the values the reply carries."""
         # the shards travel in parallel, each over its server's link, shared with other workers'
+        k, t_push = clock[i], env.now
         yield env.process(up.transfer(shard * 4))
+        mark(i, k, "push", "comm", t_push, env.now)
+        t_in = env.now  # from here the worker waits for its reply, as the client's trace has it
         with lock.request() as req:  # server 0 judges (the others apply in parallel: same time)
             yield req
             stale = state["version"] - seen
@@ -121,6 +126,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
         # missed them, and bunched pushes looked fresher than ringps measures them)
         sent = state["version"]
         yield env.process(down.transfer(shard * 4))
+        mark(i, k, "wait for reply", "comm", t_in, env.now)
         return sent
 
     def tick(i: int) -> None:
@@ -145,20 +151,30 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
         last = None  # the last compute, Stretch's base
         seen = 0  # the version of the worker's values: the start's, then its last reply's
         while True:  # until the budget is applied (env.run's end)
-            t0 = env.now
+            t0, k = env.now, clock[i]
             j = rng.lognormvariate(0, c.jitter) if c.jitter else 1.0
             if cores is None:  # a device of its own: f times slower is f times longer
-                yield env.timeout(w.compute_s * slow[i] * j)
+                yield env.timeout(fwd * slow[i] * j)
+                mark(i, k, "forward", "compute", t0, env.now)
+                t1 = env.now
+                yield env.timeout(bwd * slow[i] * j)
+                mark(i, k, "backward", "compute", t1, env.now)
             else:  # the emulated cluster's Stretch: a sleep of (f-1) x its last compute after the forward
                 yield work(fwd * j)
-                pause = (slow[i] - 1) * (last if last is not None else 3 * fwd * j)
+                mark(i, k, "forward", "compute", t0, env.now)
+                pause, t1 = (slow[i] - 1) * (last if last is not None else 3 * fwd * j), env.now
                 yield env.timeout(pause)
+                mark(i, k, "slowdown", "compute", t1, env.now)
+                t2 = env.now
                 yield work(bwd * j)
+                mark(i, k, "backward", "compute", t2, env.now)
                 last = env.now - t0 - pause
             computes.append(env.now - t0)
             seen = yield env.process(push(i, seen))
             if own_cpu:  # the bytes moved cost CPU on the cores it computes on
+                t3 = env.now
                 yield work(own_cpu)
+                mark(i, k, "strategy CPU", "compute", t3, env.now)
             cycles.append(env.now - t0)
 
     for i in range(n):
@@ -171,4 +187,4 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
              "pushes_per_s": total / env.now if env.now else 0.0, "mean_staleness": sum(k * v for k, v in hist.items()) / max(1, total),
              "first_round": {"histogram": dict(sorted(first.items())), "dropped": state["dropped_first"],
                              "until_s": state.get("round_s", 0.0), "run_s": env.now}}
-    return Prediction(strategy, n, step_s, compute, step_s - compute, w.params * 4.0, compute / step_s, extra)
+    return Prediction(strategy, n, step_s, compute, step_s - compute, w.params * 4.0, compute / step_s, extra, timeline)
