@@ -27,6 +27,7 @@ from ringps.config import parse_rate, validate
 from ringps.errors import ConfigError
 from ringps.malloc import keep_freed_memory
 
+OWN_FLAGS = ("workers", "servers", "net", "slowdown")  # cluster keys plan defines itself (the layer plan uses them too)
 HELP = "print the layer-aware transmission plan (method, priority, partition, predicted times)"
 
 
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="--auto: workload profile (default: the model's shipped one)")
     p.add_argument("--slowdown", help="--auto: per-worker factors, e.g. 1,1,2,4")
     # --auto without --here describes the cluster as `ringps simulate` does: the same flags, or --cluster FILE
-    add_cluster_arguments(p, skip=("workers", "servers", "net", "slowdown"))
+    add_cluster_arguments(p, skip=OWN_FLAGS)
     p.add_argument("--here", action="store_true", help="--auto: price this machine as `ringps train --strategy auto` "
                    "does: time the job's step here, every worker a process on these cores (--net loopback: unshaped)")
     p.add_argument("--calibration", help="--auto --here: price it with this calibration file instead "
@@ -97,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--here and --calibration price `ringps plan --auto`'s ranking: add --auto")
     if args.calibration and not args.here:
         raise ConfigError("--calibration prices this machine: add --here (a described cluster takes --compute-scale)")
-    described = [k for k in CLUSTER_FLAGS if k not in ("workers", "servers", "net", "slowdown")
-                 and getattr(args, k) is not None]
+    described = [k for k in CLUSTER_FLAGS if k not in OWN_FLAGS and getattr(args, k) is not None]
     if described and (args.here or not args.auto):
         raise ConfigError(f"--{described[0].replace('_', '-')} describes a cluster for `ringps plan --auto` without "
                           "--here (--here prices this machine; the layer plan takes --workers, --servers and --net)")

@@ -253,7 +253,7 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
         if local:  # the model average every H steps, spread over them (the mean step over a period)
             spans.append(("model averaging", end, end + period_s / o.local_period))
             end += period_s / o.local_period
-        for i, p in enumerate(ph[:SHOWN_WORKERS]):  # the step as a run's trace shows it
+        for i, p in enumerate(ph[:SHOWN_WORKERS] if k < SHOWN_STEPS else []):  # the step as a run's trace shows it
             for name, ph_i in (("forward", 0), ("slowdown", 1), ("backward", 2), ("strategy CPU", 3)):
                 mark(i, k, name, "compute", p[ph_i].start, p[ph_i].end)
             mark(i, k, "exposed communication", "comm", p[3].end, end)

@@ -248,5 +248,5 @@ def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progr
                                   **{k: v for k, v in tail.extra.items() if k != "buckets"}}
     pred.extra["time_to_accuracy_s"] = time_to_accuracy(pred, w, prog)
     if trace_dir is not None:
-        trace_out.write(trace_dir, pred, w, c)
+        trace_out.write(trace_dir, pred, c)
     return pred

@@ -12,7 +12,7 @@ from ringps.sim.cluster import ClusterSpec
 from ringps.trace import Tracer
 
 
-def write(out_dir: Path, pred, w, c: ClusterSpec) -> list[Path]:
+def write(out_dir: Path, pred, c: ClusterSpec) -> list[Path]:
     written = []
     for i, spans in sorted(pred.timeline.items()):
         t = Tracer(Path(out_dir), i, c.workers, "simulated", "predicted worker")
