@@ -245,6 +245,34 @@ def test_an_emulated_slow_worker_sleeps_and_frees_the_shared_cores():
     assert shared.step_s == pytest.approx(0.5 + 3 * 1.25 + 0.75, rel=0.05)
 
 
+def test_the_optimizer_steps_after_the_exchange_and_a_calibrations_shares_split_the_compute():
+    """DDP steps the optimizer once the exchange is in, so its time adds to the step where the link
+    hides none of it: a slow worker's f times its own on a real cluster, every worker's at once on
+    shared cores. A calibration's shares re-split the profile's compute into forward, backward and
+    optimizer step, each layer keeping its proportion within the forward and within the backward."""
+    from ringps.sim.predict import scaled
+
+    w, fast = toy().model_copy(update={"optimizer_s": 0.5}), dict(net="100gbit")
+
+    def step(wl, **c):
+        return simulate("allreduce", wl, ClusterSpec(**fast, **c), Options(), Progress(), steps=6).step_s
+
+    assert step(toy(), workers=2) == pytest.approx(1.0, rel=0.02)
+    assert step(w, workers=2) == pytest.approx(1.5, rel=0.02)
+    assert step(w, workers=2, slowdown=[1, 2]) == pytest.approx(2.0 + 1.0, rel=0.02)
+    # 4 workers on 2 cores: 1 s of compute at half a core, then the four optimizer steps at half
+    assert step(w, workers=4, shared_cores=2) == pytest.approx(2.0 + 1.0, rel=0.02)
+    # the toy's 1 s (a third forward), x2, split 50% forward, 20% optimizer, the rest backward
+    c = ClusterSpec(workers=2, forward_share=0.5, optimizer_share=0.2, compute_scale=2.0, **fast)
+    s = scaled(toy(), c)
+    assert (s.compute_s - s.backward_s, s.backward_s, s.optimizer_s) == pytest.approx((1.0, 0.6, 0.4))
+    assert s.layers[1].backward_s / s.layers[0].backward_s == pytest.approx(3.0)  # the FLOPs' 1:3
+    assert s.layers[1].forward_s / s.layers[0].forward_s == pytest.approx(3.0)
+    assert step(toy(), workers=2, forward_share=0.5, optimizer_share=0.2, compute_scale=2.0) == pytest.approx(2.0, rel=0.02)
+    with pytest.raises(ConfigError, match=r"^cluster: forward_share 0.7 \+ optimizer_share 0.3 .*sum < 1"):
+        load_cluster(None, {"forward_share": 0.7, "optimizer_share": 0.3})
+
+
 def test_cpu_per_byte_moved_competes_with_compute_on_shared_cores():
     """4 workers on 2 cores, a link fast enough not to matter: each all-reduce step (1 s of compute
     at a whole core each: 2 s) moves 2 x 1.5 x 4 MB per worker; at 25 ns a byte that is 0.3 s of CPU
@@ -325,6 +353,7 @@ def test_a_measured_profile_carries_the_whole_forward_and_backward():
     assert sum(l.forward_s for l in prof.layers) < prof.forward_s  # what the hooks alone see
     w = from_profile(prof, "facenet", "here")
     assert w.compute_s == pytest.approx(prof.forward_s + prof.backward_s, rel=1e-9)
+    assert w.optimizer_s == pytest.approx(sum(l.update_s for l in prof.layers)) and w.optimizer_s > 0  # not in compute_s
     own = {l.name: l.forward_s for l in prof.layers}
     shares = [wl.forward_s / own[wl.name] for wl in w.layers if own[wl.name] > 0]
     assert max(shares) == pytest.approx(min(shares))  # spread in proportion: the order of layers' costs kept

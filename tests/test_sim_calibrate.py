@@ -3,6 +3,7 @@ prices the job with a calibration of its cluster or, without one, with its step 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from helpers import finished_run
 
 from ringps.errors import ConfigError, RingpsError
+from ringps.sim.calibrate import emulated_cluster, fitted_from
 from ringps.sim.predict import load_calibration, load_progress
 
 
@@ -31,6 +33,13 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
         runs.append(str(finished_run(tmp_path / strategy, strategy, {
             "step_s_median": step, "time_to_accuracy_s": None, "host_kernel_cpu_s_per_step": kernel,
             "bytes_sent_per_step": sent, "bytes_recv_per_step": sent}, rows, net="1gbit", workers=2)))
+        # worker 0's trace: after a slow first step, 0.1 s forward, 0.3 s backward, 0.1 s optimizer
+        spans = [(name, 1e6 * (d * 3 if k == 0 else d)) for k in range(6)
+                 for name, d in (("forward", 0.1), ("backward", 0.3), ("exposed communication", 0.2), ("optimizer", 0.1))]
+        (tmp_path / strategy / "trace").mkdir()
+        (tmp_path / strategy / "trace" / "rank-0.json").write_text(json.dumps({"traceEvents": [
+            {"name": "process_name", "ph": "M", "args": {"name": "rank 0"}},
+            *({"name": n, "ph": "X", "ts": 1e6 * i, "dur": d, "pid": 0, "tid": 0} for i, (n, d) in enumerate(spans))]}))
     out = tmp_path / "fit.yaml"
     r = subprocess.run([sys.executable, "-m", "ringps", "simulate", "--calibrate", *runs, "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
@@ -43,6 +52,13 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
     assert "staleness_a" not in doc  # nor a price of staleness: the shipped model's stands (load_calibration)
     assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back
+    # the split of the compute, from the traces: what the shipped profile's own (71% backward) misses
+    assert (doc["forward_share"], doc["optimizer_share"]) == pytest.approx((0.2, 0.2))
+    assert "forward 20%, optimizer step 20%" in r.stdout
+    fitted = fitted_from(load_progress(str(out)))
+    c = emulated_cluster(4, "1gbit", None, 1, fitted)
+    assert (c.forward_share, c.optimizer_share) == (0.2, 0.2)
+    assert emulated_cluster(4, "1gbit", None, 1, fitted, ps=True).optimizer_share is None  # a server steps for it
 
 
 def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):

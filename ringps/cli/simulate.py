@@ -10,7 +10,7 @@ servers the staleness histogram, drop fraction and server-link occupancy, and ti
 from the progress model (ringps/sim/predict.py; `--progress FILE` for your own measurements).
 Cluster keys are flags and YAML keys alike: workers, net, latency_s, node_size, intra_net,
 slowdown, jitter, servers, server_net, efficiency, fairness, server_efficiency, server_duplex,
-compute_scale, shared_cores, cpu_per_byte.
+compute_scale, forward_share, optimizer_share, shared_cores, cpu_per_byte.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ CLUSTER_FLAGS: dict[str, dict] = {
     "server_duplex": dict(type=float, help="each direction of a server's link while pushes come in and replies "
                           "go out at once, x its rate (default 1: independent; benchmarks/server_link.py measures it)"),
     "compute_scale": dict(type=float, help="the profile's compute x this (another device)"),
+    "forward_share": dict(type=float, help="the forward's share of a worker's compute per step (default: the "
+                          "profile's; --calibrate fits it from the runs' traces)"),
+    "optimizer_share": dict(type=float, help="the optimizer step's share of a worker's compute per step, after "
+                            "the exchange (default: the profile's optimizer_s; --calibrate fits it)"),
     "shared_cores": dict(type=int, help="all workers are processes sharing this many cores (an emulated cluster "
                          "on one machine, like ringps's own --net runs)"),
     "cpu_per_byte": dict(type=float, help="CPU seconds per byte a worker sends or receives, on the cores it "

@@ -10,6 +10,11 @@ links, slowdown, the median compute and step time per step and the steps to the 
   the backward (gloo's threads, the kernel's TCP), a push happens after it;
 - `jitter`: the spread of a worker's compute from step to step (the sd of its log), which keeps
   asynchronous workers from marching in step in the model as they do not in a run;
+- `forward_share`, `optimizer_share`: of a synchronous worker's compute per step, the forward's and
+  the optimizer step's (after the exchange), medians over the dense runs' traces; the profile's own
+  split can be off (the shipped ones time the layers alone and no optimizer: facenet's says 71%
+  backward where its runs spend 51% there, 14% in the optimizer), and a slow worker's stretch,
+  its backward on a core to itself and the step's end after the exchange all follow the split;
 - `cpu_per_byte`: the CPU seconds the host spends per byte a worker sends or receives: each step
   records the host kernel's CPU (system, irq, softirq: TCP, veth, the bridge, tbf;
   comm/meter.py), fitted over the dense runs as a per-second part plus a per-byte part. (Each
@@ -72,6 +77,8 @@ class Measured:
     moved: float = 0.0  # bytes a worker sent and received per step, as TCP counted them
     jitter: Optional[float] = None  # the spread of the fastest worker's compute, step to step (log sd)
     batch: int = 16  # samples per worker per step
+    # the fastest worker's median forward, backward and optimizer step (s), from its trace (None: no trace)
+    phases: Optional[tuple[float, float, float]] = None
 
     @property
     def link(self) -> str:
@@ -92,6 +99,9 @@ class Fitted:
     # a parameter-server worker's compute = the profile's x this, per whole core (None: compute_a)
     ps_compute_a: Optional[float] = None
     jitter: float = 0.0  # lognormal sigma of a step's compute, step to step (ClusterSpec.jitter)
+    # a synchronous worker's compute per step, the forward's and optimizer step's shares (ClusterSpec's)
+    forward_share: Optional[float] = None
+    optimizer_share: Optional[float] = None
     # workers -> each direction of a server's lossy link while both carry transfers, x its rate:
     # measured apart (benchmarks/server_link.py, `duplex_from_probes`), not fitted; beyond the
     # largest worker count measured, that one's
@@ -159,7 +169,40 @@ def read_run(run: Path) -> Measured:
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
                     moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0),
                     jitter=statistics.stdev(math.log(c) for c in comp[1:]) if len(comp) > 3 and min(comp[1:]) > 0 else None,
-                    batch=cfg.get("data", {}).get("batch_size", 16))
+                    batch=cfg.get("data", {}).get("batch_size", 16), phases=phases_of(run, fastest))
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def phases_of(run: Path, worker: int) -> Optional[tuple[float, float, float]]:
+    """A synchronous worker's median forward, backward and optimizer step per step, from its
+    trace (trace/rank-R.json, Chrome's format: `dur` in microseconds), its first step left out
+    (warm-up); None where the run wrote no trace or the trace lacks one of them."""
+    try:
+        data = json.loads((run / "trace" / f"rank-{worker}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    spans: dict[str, list[float]] = {k: [] for k in PHASES}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") in spans:
+            spans[e["name"]].append(e.get("dur", 0) / 1e6)
+    if any(len(v) < 2 for v in spans.values()):
+        return None
+    return tuple(statistics.median(spans[k][1:]) for k in PHASES)
+
+
+def fit_shares(runs: list[Measured]) -> tuple[Optional[float], Optional[float]]:
+    """The forward's and the optimizer step's shares of a synchronous worker's compute per step,
+    median over the dense runs' traces (allreduce, fp16) without a slowdown: what the profile's own
+    split may miss (the shipped profiles time the layers alone, and no optimizer). (None, None):
+    no such run traced."""
+    got = [m.phases for m in runs if m.phases and m.strategy in ("allreduce", "fp16") and not m.slowdown]
+    if not got:
+        return None, None
+    return (round(statistics.median(f / (f + b + o) for f, b, o in got), 4),
+            round(statistics.median(o / (f + b + o) for f, b, o in got), 4))
 
 
 def sparse_share(summary: dict) -> Optional[float]:
@@ -233,7 +276,9 @@ def emulated_cluster(workers: int, net: Optional[str], slowdown: Optional[list],
                        compute_scale=a, jitter=f.jitter, shared_cores=cores(), efficiency=f.efficiency, latency_s=2e-4,
                        fairness=0.0 if lossy(net) else 1.0,
                        server_efficiency=se.get(net or "loopback") if isinstance(se, dict) else se,
-                       server_duplex=duplex_at(f.duplex, workers) if lossy(net) else 1.0, cpu_per_byte=f.cpu_per_byte)
+                       server_duplex=duplex_at(f.duplex, workers) if lossy(net) else 1.0, cpu_per_byte=f.cpu_per_byte,
+                       # a synchronous worker's split of its compute (a parameter server's worker runs no optimizer)
+                       forward_share=None if ps else f.forward_share, optimizer_share=None if ps else f.optimizer_share)
 
 
 def duplex_at(duplex: dict, workers: int) -> float:
@@ -269,7 +314,7 @@ def fitted_from(prog) -> Optional[Fitted]:
         return None
     return Fitted(prog.compute_a, efficiency=prog.efficiency or 0.95, cpu_per_byte=prog.cpu_per_byte or 0.0,
                   server_efficiency=prog.server_efficiency or {}, ps_compute_a=prog.ps_compute_a, jitter=prog.jitter or 0.0,
-                  duplex=dict(prog.duplex))
+                  duplex=dict(prog.duplex), forward_share=prog.forward_share, optimizer_share=prog.optimizer_share)
 
 
 def predict_step(m: Measured, w, f: Fitted, cpu: Optional[dict] = None) -> float:
@@ -318,9 +363,10 @@ def fit(runs: list[Measured], w, duplex: Optional[dict] = None) -> Fitted:
     """Every machine constant, in the order each depends on the ones before; `duplex`, measured
     apart (duplex_from_probes), is taken as it is and the servers' efficiency fitted with it."""
     jit = [m.jitter for m in runs if m.jitter is not None and not m.slowdown]
-    f = Fitted(fit_compute(runs, w.compute_s), cpu_per_byte=fit_cpu_per_byte(runs),
+    fwd, opt = fit_shares(runs)
+    f = Fitted(fit_compute(runs, w.compute_s + w.optimizer_s), cpu_per_byte=fit_cpu_per_byte(runs),
                ps_compute_a=fit_ps_compute(runs, w.compute_s), jitter=round(statistics.median(jit), 4) if jit else 0.0,
-               duplex=dict(duplex or {}))
+               duplex=dict(duplex or {}), forward_share=fwd, optimizer_share=opt)
     f = replace(f, efficiency=fit_efficiency(runs, w, f))
     return replace(f, server_efficiency=fit_server_efficiency(runs, w, f))
 
@@ -387,7 +433,10 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
                   (f"; a parameter-server worker's compute {f.ps_compute_a:.3f} x profile" if f.ps_compute_a else "") +
                   (f"; the servers' lossy links each way while both are busy x {f.duplex} by workers (measured apart)"
                    if f.duplex else "") +
-                  f"; compute jitter (log sd) {f.jitter:.3f}; strategies' own CPU per step {cpu}")
+                  f"; compute jitter (log sd) {f.jitter:.3f}" +
+                  (f"; of a synchronous worker's compute, forward {f.forward_share:.0%}, optimizer step "
+                   f"{f.optimizer_share:.0%} (the dense runs' traces)" if f.forward_share is not None else "") +
+                  f"; strategies' own CPU per step {cpu}")
     errors = []
     for m in runs:
         p = predict_step(m, w, f, cpu)
@@ -407,7 +456,8 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
            "factor": factor, **stale,
            "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
-           "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter, "cpu_s": cpu,
+           "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter,
+           "forward_share": f.forward_share, "optimizer_share": f.optimizer_share, "cpu_s": cpu,
            "duplex": f.duplex}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))

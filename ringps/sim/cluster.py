@@ -20,6 +20,10 @@ same keys, validated like every other config.
                               # replies go out at once, carries this x its rate (1: independent;
                               # the emulated cluster's lossy links less: benchmarks/server_link.py)
     compute_scale: 1.0        # the profile's compute x this (another device)
+    forward_share: 0.35       # optional: of a worker's compute per step (forward, backward and the
+    optimizer_share: 0.15     # optimizer's step after the exchange), the forward's and the
+                              # optimizer's; default: the profile's own split (--calibrate fits
+                              # them from the runs' traces)
     shared_cores: 2           # optional: every worker is a process on one machine with this many
                               # cores (an emulated cluster like ringps's own): they share them
     cpu_per_byte: 4.0e-10     # CPU seconds per byte a worker sends or receives (system calls,
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ringps.config import parse_rate
 from ringps.errors import ConfigError
@@ -59,8 +63,19 @@ class ClusterSpec(BaseModel):
     # each direction of a server's link while both carry transfers, x its rate (sim/link.py)
     server_duplex: float = Field(1.0, gt=0, le=1)
     compute_scale: float = Field(1.0, gt=0)  # the profile's compute times x this (another device)
+    # of a worker's compute per step (forward + backward + optimizer step), the forward's and the
+    # optimizer's on this cluster (calibrated from the runs' traces); None: the profile's own split
+    forward_share: Optional[float] = Field(None, gt=0, lt=1)
+    optimizer_share: Optional[float] = Field(None, ge=0, lt=1)
     shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
     cpu_per_byte: float = Field(0.0, ge=0, le=1e-6)  # CPU s per byte a worker moves (sent + received)
+
+    @model_validator(mode="after")
+    def _shares(self) -> "ClusterSpec":
+        if (self.forward_share or 0.0) + (self.optimizer_share or 0.0) >= 1:
+            raise ValueError(f"forward_share {self.forward_share} + optimizer_share {self.optimizer_share} must leave "
+                             "the backward a share (sum < 1)")
+        return self
 
     @field_validator("net", "intra_net", "server_net")
     @classmethod
@@ -133,5 +148,6 @@ def load_cluster(path: Optional[str], overrides: dict[str, Any]) -> ClusterSpec:
             msg = f"not a cluster key; known: {', '.join(ClusterSpec.model_fields)}"
         if path and name is not None and name not in given:  # the file's key, not a flag
             raise ConfigError(f"--cluster {path}: {name}: {err.get('input')}: {msg}") from None
-        key = "--" + name.replace("_", "-") if name else "cluster"
-        raise ConfigError(f"{key} {err.get('input')}: {msg}") from None
+        if name is None:  # keys that do not fit together (the shares)
+            raise ConfigError(f"{'--cluster ' + path if path else 'cluster'}: {msg}") from None
+        raise ConfigError(f"--{name.replace('_', '-')} {err.get('input')}: {msg}") from None

@@ -225,6 +225,8 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     # and the exchanges' own CPU (selection, packing, scatter-adds): the communication thread's work
     # takes the cores from the backward, as the hook's cost model counts it (cpu_share 1)
     own_cpu = o.extra_cpu_s + c.cpu_per_byte * 2 * sent_per_step + sum(x.cpu for x in comm)
+    # one worker's optimizer step at slowdown f and jitter j: all at once on shared cores
+    f_opt = (lambda f, j: slower * j) if c.shared_cores else (lambda f, j: f * j)
     ends, computes = [], []
     last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
     timeline: dict[int, list[tuple]] = {}
@@ -239,7 +241,7 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
         share(ph, c.shared_cores, t0)
         for i, p in enumerate(ph):
             last[i] = (p[0].end - p[0].start) + (p[2].end - p[2].start)
-        computes.append(statistics.mean(p[2].end - t0 for p in ph))
+        computes.append(statistics.mean(p[2].end - t0 + w.optimizer_s * f_opt(f, j) for p, f, j in zip(ph, slow, js)))
         busy, spans = t0, []
         for n, (b, x) in enumerate(zip(plan, comm)):  # every worker's bucket b, then its collective
             ready = max(p[2].time_at(b.ready / bwd * p[2].amount if bwd else 0.0) for p in ph)
@@ -250,13 +252,18 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
             spans.append(("small tensors (fused)", start, start + fused_s))
             busy = start + fused_s
         end = max(busy, max(p[3].end for p in ph))
+        # the optimizer's step, once the exchange is in: every worker's at once (on shared cores,
+        # shared; a real cluster's slow worker's f times longer, Stretch sleeps before it)
+        opt_s = (w.optimizer_s * max(f_opt(f, j) for f, j in zip(slow, js))) if w.optimizer_s else 0.0
+        opt_start, end = end, end + opt_s
         if local:  # the model average every H steps, spread over them (the mean step over a period)
             spans.append(("model averaging", end, end + period_s / o.local_period))
             end += period_s / o.local_period
         for i, p in enumerate(ph[:SHOWN_WORKERS] if k < SHOWN_STEPS else []):  # the step as a run's trace shows it
             for name, ph_i in (("forward", 0), ("slowdown", 1), ("backward", 2), ("strategy CPU", 3)):
                 mark(i, k, name, "compute", p[ph_i].start, p[ph_i].end)
-            mark(i, k, "exposed communication", "comm", p[3].end, end)
+            mark(i, k, "exposed communication", "comm", p[3].end, opt_start)
+            mark(i, k, "optimizer", "compute", opt_start, opt_start + opt_s)
             for name, a, z in spans:
                 mark(i, k, name, "comm", a, z, lane="comm")
         yield env.timeout(end - t0)

@@ -64,6 +64,9 @@ class Progress(BaseModel):
     cpu_per_byte: Optional[float] = None  # calibration: CPU seconds per byte a worker moved (informational)
     ps_compute_a: Optional[float] = None  # calibration: a parameter-server worker's compute_a (informational)
     jitter: Optional[float] = None  # calibration: the compute's step-to-step log sd (informational)
+    # calibration: the forward's and optimizer step's shares of a synchronous worker's compute per step
+    forward_share: Optional[float] = Field(None, gt=0, lt=1)
+    optimizer_share: Optional[float] = Field(None, ge=0, lt=1)
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
     cpu_s: dict[str, float] = {}
@@ -220,16 +223,33 @@ def warmup(strategy: str, w: Workload, c: ClusterSpec, o: Options) -> tuple[int,
     return 0, strategy, o
 
 
-def scaled(w: Workload, factor: float) -> Workload:
-    if factor == 1.0:
+def scaled(w: Workload, c: ClusterSpec) -> Workload:
+    """The profile on cluster `c`: its times x compute_scale and, where the cluster gives them (a
+    calibration's), split between forward, backward and the optimizer's step in the cluster's
+    shares; the layers keep their proportions within the forward and within the backward (the
+    buckets' readiness). A profile's own split can be off where a run's is not: the shipped ones
+    time the layers alone, and leave the optimizer out."""
+    fx = bx = c.compute_scale
+    opt = w.optimizer_s * c.compute_scale
+    if c.forward_share is not None or c.optimizer_share is not None:
+        total = (w.compute_s + w.optimizer_s) * c.compute_scale
+        fwd = w.compute_s - w.backward_s
+        opt = total * c.optimizer_share if c.optimizer_share is not None else opt
+        fwd_s = total * c.forward_share if c.forward_share is not None else fwd * c.compute_scale
+        fx = fwd_s / fwd if fwd else 0.0
+        if total - fwd_s - opt <= 0:
+            raise ConfigError(f"forward_share {c.forward_share} with the optimizer's {opt:.3g} s leaves {w.name}'s backward "
+                              "no time: give shares that sum below 1")
+        bx = (total - fwd_s - opt) / w.backward_s if w.backward_s else 0.0
+    if fx == bx == 1.0 and opt == w.optimizer_s:
         return w
-    layers = [l.model_copy(update={"forward_s": l.forward_s * factor, "backward_s": l.backward_s * factor}) for l in w.layers]
-    return w.model_copy(update={"layers": layers})
+    layers = [l.model_copy(update={"forward_s": l.forward_s * fx, "backward_s": l.backward_s * bx}) for l in w.layers]
+    return w.model_copy(update={"layers": layers, "optimizer_s": opt})
 
 
 def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progress, steps: int = 30, seed: int = 0,
              trace_dir: Optional[Path] = None) -> Prediction:
-    w = scaled(w, c.compute_scale)
+    w = scaled(w, c)
     if strategy in prog.cpu_s and not o.extra_cpu_s:
         o = replace(o, extra_cpu_s=prog.cpu_s[strategy])
     if strategy in PS:

@@ -8,6 +8,7 @@ A profile is a YAML file (`ringps profile --model M --out P.yaml` measures one h
     batch: 16                 # samples per worker per step
     steps_to_target: 55       # optional: dense synchronous steps to the target accuracy (progress model)
     noise_batch: 100          # optional: the gradient noise scale in samples (steps to the target by workers)
+    optimizer_s: 0.012        # optional: the optimizer's step, after the exchange (default 0)
     layers:                   # forward order
       - {name: conv1, kind: conv, params: 832, forward_s: 0.004, backward_s: 0.008}
       - {name: fc1, kind: fc, params: 10093568, forward_s: 0.01, backward_s: 0.02, in_features: 9856, out_features: 1024}
@@ -53,6 +54,9 @@ class Workload(BaseModel):
     steps_to_target: Optional[float] = Field(None, gt=0)
     noise_batch: Optional[float] = Field(None, gt=0)  # McCandlish et al.'s B_noise; None: linear scaling
     samples: Optional[int] = Field(None, ge=1)  # training samples (epoch-based warm-ups); None: not known
+    # the optimizer's step per worker step, after the exchange (a synchronous worker's; a parameter
+    # server's worker has none); not in compute_s
+    optimizer_s: float = Field(0.0, ge=0)
     layers: list[Layer]
 
     @model_validator(mode="after")
@@ -123,4 +127,5 @@ def from_profile(prof, name: str, device: str, steps_to_target: Optional[float] 
     layers = [Layer(name=l.name, kind=l.kind, params=l.params, forward_s=l.forward_s * fx, backward_s=l.backward_s * bx,
                     in_features=l.in_features, out_features=l.out_features) for l in prof.layers]
     return Workload(name=name, device=device, source="measured by ringps profile", batch=prof.batch,
-                    steps_to_target=steps_to_target, samples=samples, layers=layers)
+                    steps_to_target=steps_to_target, samples=samples, layers=layers,
+                    optimizer_s=sum(l.update_s for l in prof.layers))
