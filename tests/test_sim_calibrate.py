@@ -141,3 +141,22 @@ def test_measuring_the_step_fails_in_one_line_and_leaves_no_process(tmp_path):
     assert "\n" not in str(e.value) and e.value.exit_code == 2
     left = subprocess.run(["pgrep", "-f", "ringps.launch.measure"], capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+def test_compute_per_core_comes_from_the_loopback_runs_where_there_are_any():
+    """A shaped link's own CPU (the kernel's TCP and tbf, gloo's threads) runs beside a 2-worker
+    run's backward on the same cores and lengthens its compute; the compute per whole core is the
+    loopback runs' where there are any (the parameter-server runs have their own), else every
+    synchronous run's."""
+    from pathlib import Path
+
+    from ringps.cost import contention
+    from ringps.sim.calibrate import Measured, fit_compute
+
+    def run(net, compute, strategy="allreduce"):
+        return Measured(Path(strategy), strategy, 2, 1, net, None, compute, 0.5, None, None, 0, "facenet", {})
+
+    shaped = [run("100mbit", 0.29), run("1gbit", 0.26)]
+    runs = [*shaped, run(None, 0.22), run(None, 0.24, "fp16"), run(None, 0.1, "ps-async")]
+    assert fit_compute(runs, 0.1) * contention(2) == pytest.approx(2.3)
+    assert fit_compute(shaped, 0.1) * contention(2) == pytest.approx(2.75)

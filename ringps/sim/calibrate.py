@@ -4,7 +4,8 @@ From each run folder (config.yaml, summary.json, metrics.jsonl) it takes the str
 links, slowdown, the median compute and step time per step and the steps to the target, and fits:
 - `compute_scale` = a: the profile's compute x a = the synchronous runs' measured compute per
   whole core (their workers share this machine's cores, which the simulator then models itself:
-  sim/cpu.py), one `a` for all runs;
+  sim/cpu.py), one `a` for all runs, from the loopback runs where there are any (a shaped link's
+  own CPU lengthens the compute beside it: `fit_compute`);
 - `ps_compute_a`: the same for a parameter-server worker, from the parameter-server runs with a
   core per worker: a synchronous step's compute also carries the collective's CPU running beside
   the backward (gloo's threads, the kernel's TCP), a push happens after it;
@@ -234,9 +235,17 @@ def fit_ps_compute(runs: list[Measured], profile_s: float) -> Optional[float]:
 def fit_compute(runs: list[Measured], profile_s: float) -> float:
     """`a` in compute_scale = a: the fastest worker's compute of the synchronous runs against the
     profile's, per the cores it had (every worker computes at once there; the simulator shares
-    the cores itself, sim/cpu.py)."""
+    the cores itself, sim/cpu.py). From the loopback runs where there are any: on a shaped link
+    the network's own CPU (the kernel's TCP, veth and tbf, which no process is charged for, and
+    gloo's threads) runs on the same cores all through the backward, and with a worker per core
+    it lengthens the compute (the 2026-12-07 grid: 2 workers computed 0.27-0.29 s a step at 100
+    Mbit/s, 0.25-0.27 s at 1 Gbit/s, 0.22-0.24 s on loopback, the loopback references between
+    them 0.21-0.23 s); priced as compute, it then slows every process sharing the cores, which
+    over-predicted 3-4 workers by up to 34%. The link's CPU is the link efficiency's and
+    `cpu_per_byte`'s to carry."""
     sync = [m for m in runs if m.compute_s and not m.strategy.startswith("ps-")] or [m for m in runs if m.compute_s]
-    return statistics.median(m.compute_s / (profile_s * contention(m.workers)) for m in sync)
+    quiet = [m for m in sync if not m.net]
+    return statistics.median(m.compute_s / (profile_s * contention(m.workers)) for m in quiet or sync)
 
 
 @lru_cache(maxsize=1)  # read once: cluster_for asks for every prediction of a fit
