@@ -45,16 +45,18 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(out.read_text())
-    assert doc["cpu_per_byte"] == pytest.approx(7.5e-10, rel=1e-2)
+    # the host kernel's CPU per byte is measured and reported, not charged: the runs carry it
+    assert doc["cpu_per_byte"] == 0.0
     assert 0.05 < doc["efficiency"] <= 1 and doc["compute_a"] > 0
-    assert "CPU per byte moved 7.5e-10 s" in r.stdout
+    printed = " ".join(r.stdout.split())  # as rich wrapped it, unwrapped
+    assert "the host kernel's CPU per byte moved 7.5e-10 s (reported, not charged" in printed
     assert doc["jitter"] == pytest.approx(statistics.stdev([0.1, -0.1, 0.1, -0.1, 0.1]), rel=1e-3)
     assert doc["ps_compute_a"] is None  # no parameter-server run to fit it on
     assert "staleness_a" not in doc  # nor a price of staleness: the shipped model's stands (load_calibration)
     assert load_progress(str(out)).jitter == doc["jitter"]  # the file is what --progress reads back
     # the split of the compute, from the traces: what the shipped profile's own (71% backward) misses
     assert (doc["forward_share"], doc["optimizer_share"]) == pytest.approx((0.2, 0.2))
-    assert "forward 20%, optimizer step 20%" in r.stdout
+    assert "forward 20%, optimizer step 20%" in printed
     fitted = fitted_from(load_progress(str(out)))
     c = emulated_cluster(4, "1gbit", None, 1, fitted)
     assert (c.forward_share, c.optimizer_share) == (0.2, 0.2)
