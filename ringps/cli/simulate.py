@@ -51,7 +51,7 @@ CLUSTER_FLAGS: dict[str, dict] = {
     "shared_cores": dict(type=int, help="all workers are processes sharing this many cores (an emulated cluster "
                          "on one machine, like ringps's own --net runs)"),
     "cpu_per_byte": dict(type=float, help="CPU seconds per byte a worker sends or receives, on the cores it "
-                         "computes on (default 0: not modelled; --calibrate measures it)"),
+                         "computes on (default 0: not modelled; --calibrate reports the host kernel's)"),
 }
 CLUSTER_KEYS = tuple(k for k in CLUSTER_FLAGS if k != "cluster")
 

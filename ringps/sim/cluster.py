@@ -28,7 +28,8 @@ same keys, validated like every other config.
                               # cores (an emulated cluster like ringps's own): they share them
     cpu_per_byte: 4.0e-10     # CPU seconds per byte a worker sends or receives (system calls,
                               # the collective's copies and sums), on the cores it computes on;
-                              # 0 (default): not modelled (--calibrate measures it)
+                              # 0 (default): not modelled (--calibrate reports the host
+                              # kernel's; it does not charge it: the runs already carry it)
 """
 
 from __future__ import annotations
