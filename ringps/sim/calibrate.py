@@ -175,7 +175,9 @@ def read_run(run: Path) -> Measured:
                     kernel_cpu_s=s.get("host_kernel_cpu_s_per_step"),
                     moved=(s.get("bytes_sent_per_step") or 0.0) + (s.get("bytes_recv_per_step") or 0.0),
                     jitter=statistics.stdev(math.log(c) for c in comp[1:]) if len(comp) > 3 and min(comp[1:]) > 0 else None,
-                    batch=cfg.get("data", {}).get("batch_size", 16), phases=phases_of(run, fastest))
+                    batch=cfg.get("data", {}).get("batch_size", 16),
+                    # a synchronous worker's split (fit_shares); a parameter server's trace is not read for it
+                    phases=None if strategy.startswith("ps-") else phases_of(run, fastest))
 
 
 PHASES = ("forward", "backward", "optimizer")
@@ -207,8 +209,8 @@ def fit_shares(runs: list[Measured]) -> tuple[Optional[float], Optional[float]]:
     got = [m.phases for m in runs if m.phases and m.strategy in ("allreduce", "fp16") and not m.slowdown]
     if not got:
         return None, None
-    return (round(statistics.median(f / (f + b + o) for f, b, o in got), 4),
-            round(statistics.median(o / (f + b + o) for f, b, o in got), 4))
+    shares = [(f / (f + b + o), o / (f + b + o)) for f, b, o in got]
+    return tuple(round(statistics.median(x), 4) for x in zip(*shares))
 
 
 def sparse_share(summary: dict) -> Optional[float]:
