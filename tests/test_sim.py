@@ -469,6 +469,35 @@ def test_an_exchanges_own_cpu_delays_the_step_even_where_its_wire_hides():
     assert step[20e-9] - step[0.0] == pytest.approx(10_618_368 * 20e-9, rel=0.02)
 
 
+def test_powersgds_products_are_priced_without_a_calibration():
+    """PowerSGD's own CPU is itemised from the device's constants, as the exchanges' is: 3 passes
+    over each bucket (error in, input kept, error out) and, over each compressed matrix, a pass and
+    rank multiply-adds an entry in each of its 3 products. On a link so fast that no wire is left
+    to hide it (the CPU runs after the backward, beside the last collective), the step grows by
+    exactly that against a device whose constants are 0, and a higher rank costs more. An
+    uncalibrated prediction used to price PowerSGD's step by its bytes alone. fp16's casts and
+    DDP's own all-reduce stay unitemised (engine.py: on these hosts the casts cost what half the
+    bytes save)."""
+    from ringps.cost import CostParams
+
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="1000gbit", compute_scale=10.0)  # the last all-reduce beside the CPU: ~0
+    free, dev = CostParams(pass_s=0.0, flop_s=0.0), CostParams(pass_s=1e-9, flop_s=1e-10)
+    matrices = sum(layer.params for layer in w.layers if layer.params >= Options().dense_below)
+
+    def step(strategy, cpu, **kw):  # PowerSGD from its first step: its warm-up is priced apart
+        return simulate(strategy, w, c, Options(cpu=cpu, powersgd_start_iter=0, **kw), Progress(), steps=6).step_s
+
+    grown = {}
+    for r in (2, 8):
+        hand = 3 * w.params * 1e-9 + 3 * matrices * (1e-9 + r * 1e-10)
+        grown[r] = step("powersgd", dev, powersgd_rank=r) - step("powersgd", free, powersgd_rank=r)
+        assert grown[r] == pytest.approx(hand, rel=0.02)
+    assert grown[8] > grown[2] > 0.06  # facenet: 0.070 and 0.089 s a step at these constants
+    for strategy in ("allreduce", "fp16"):
+        assert step(strategy, dev) == pytest.approx(step(strategy, free), rel=1e-6)
+
+
 def test_the_simulated_cost_model_weighs_compute_as_the_hook_does():
     """At 1 Gbit/s on facenet with 4 workers on 2 shared cores, pricing every sparse step at 0.57
     of a dense one, the hook sends every bucket dense in 16 bits (dense-fp16, DDP's fp16 hook:

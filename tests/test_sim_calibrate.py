@@ -47,6 +47,7 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
     doc = yaml.safe_load(out.read_text())
     # the host kernel's CPU per byte is measured and reported, not charged: the runs carry it
     assert doc["cpu_per_byte"] == 0.0
+    assert doc["cpu_s_itemised"] == ["powersgd"]  # its cpu_s is beyond the CPU the model itemises
     assert 0.05 < doc["efficiency"] <= 1 and doc["compute_a"] > 0
     printed = " ".join(r.stdout.split())  # as rich wrapped it, unwrapped
     assert "the host kernel's CPU per byte moved 7.5e-10 s (reported, not charged" in printed
@@ -66,9 +67,10 @@ def test_calibrate_cli_writes_every_machine_constant(tmp_path):
 def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     """With a calibration of the cluster (`--auto-calibration`), auto prices the job with the
     file's machine constants, its processes sharing this machine's cores. Compute as the bare
-    profile says (a 1.0) leaves the 43 MB exchange exposed at 1 Gbit/s and a compressed exchange
-    wins; at 4x the profile per whole core (this machine's) the exchange hides behind the backward
-    and dense fp16 wins. The shipped progress factors stand in for the strategies the file did
+    profile says (a 1.0) on a link that moves half its rate leaves the 43 MB exchange exposed at
+    1 Gbit/s and a compressed exchange wins (at 0.85 fp16's half the bytes beats PowerSGD's priced
+    products); at 4x the profile per whole core (this machine's) and 0.85 the exchange hides behind
+    the backward and dense fp16 wins. The shipped progress factors stand in for the strategies the file did
     not fit."""
     from ringps.config import load_config
     from ringps.cost import cores
@@ -76,7 +78,7 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
 
     job = {"model": "facenet", "dataset": "orl-faces", "workers": 4, "net": "1gbit", "strategy": "auto"}
     bare = tmp_path / "bare.yaml"
-    bare.write_text("compute_a: 1.0\nefficiency: 0.85\n")
+    bare.write_text("compute_a: 1.0\nefficiency: 0.5\n")
     _, plain = resolve_auto(load_config(None, {**job, "auto_calibration": str(bare)}))
     assert plain["chosen"].split(" ")[0] in ("topk-allgather", "ring-topk", "powersgd")
     assert plain["measured_step"] is None  # a calibration prices the machine: nothing is timed
@@ -107,6 +109,18 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     assert "on 4 workers, loopback (priced as 10gbit)" in bare_net.stdout and "1gbit" not in bare_net.stdout
     with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
         resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))
+
+
+def test_an_older_calibrations_cpu_for_what_the_model_now_itemises_is_replaced(tmp_path):
+    """A calibration written before PowerSGD's products were itemised fitted them into cpu_s: read
+    now, that entry gives way to the itemised price (else counted twice); a strategy's residual
+    the model does not itemise (fp16's casts) stays, and a newer file keeps all of its own."""
+    old = tmp_path / "old.yaml"
+    old.write_text("compute_a: 2.0\ncpu_s: {fp16: 0.02, powersgd: 0.07, ring-topk: 0.01}\n")
+    assert load_calibration(str(old), "--auto-calibration").cpu_s == {"fp16": 0.02, "ring-topk": 0.01}
+    new = tmp_path / "new.yaml"
+    new.write_text(old.read_text() + "cpu_s_itemised: [powersgd]\n")
+    assert load_calibration(str(new), "--auto-calibration").cpu_s == {"fp16": 0.02, "powersgd": 0.07, "ring-topk": 0.01}
 
 
 def test_auto_without_a_calibration_times_the_jobs_step_here():

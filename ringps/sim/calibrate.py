@@ -32,7 +32,8 @@ links, slowdown, the median compute and step time per step and the steps to the 
   the model stands in for with a 10 Gbit/s link, it may exceed 1 (up to LOOPBACK_MAX): a push
   there is a copy between processes, faster than the stand-in;
 - `cpu_s`: per synchronous strategy, the CPU per step its exchange spends beyond what the model
-  itemises (PowerSGD's products and error feedback): measured less predicted step, median;
+  itemises (copies, fp16's casts; since 2026-12-07 PowerSGD's products and error feedback are
+  itemised, `cpu_s_itemised` says so): measured less predicted step, median;
 - progress (sim/progress_fit.py): each strategy's steps to the target against allreduce's in the
   same setting and seed (`factor`), allreduce's steps to the target and, from two or more worker
   counts, the gradient noise scale (`noise_batch`), and `staleness_a` of asynchronous pushes
@@ -431,6 +432,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     """`duplex_probes`: benchmarks/server_link.py results of the cluster's server links, taken as
     measured (`fit`), written to the file with the rest, so `--auto-calibration` prices the
     servers' lossy links as the calibration did."""
+    from ringps.sim.engine import ITEMISED_CPU
     from ringps.sim.predict import load_progress
     from ringps.sim.progress_fit import fit_dense_steps, fit_progress, staleness_fit
     from ringps.sim.workload import load_workload
@@ -477,7 +479,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter,
            "forward_share": f.forward_share, "optimizer_share": f.optimizer_share, "cpu_s": cpu,
-           "duplex": f.duplex}
+           "cpu_s_itemised": list(ITEMISED_CPU), "duplex": f.duplex}
     if out:
         Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
         console.print(f"written: {out}")

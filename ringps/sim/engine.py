@@ -52,8 +52,9 @@ class Options:
     local_warmup_steps: int = 20  # localsgd: global gradient all-reduce first
     density_warmup_epochs: float = 2.0  # ring-topk, topk-allgather: density 0.25 -> --density
     cpu: CostParams = field(default_factory=CostParams)  # the device's CPU constants (selection etc.)
-    # CPU seconds per step of the strategy's own work that the model does not itemise (PowerSGD's
-    # matrix products and error feedback, copies): fitted by --calibrate, 0 unless given
+    # CPU seconds per step of the strategy's own work that the model does not itemise (copies,
+    # fp16's casts; PowerSGD's products and error feedback are itemised: ITEMISED_CPU): fitted by
+    # --calibrate, 0 unless given
     extra_cpu_s: float = 0.0
     # ring-topk's cost model decides with the compute it measured in its first steps (the slowest
     # rank's median); a run records it, and predicting that run plans with it (None: the model's)
@@ -146,6 +147,25 @@ class Comm(NamedTuple):
     cpu: float = 0.0  # the exchange's own CPU (selection, packing, scatter-adds) on the worker's cores
 
 
+# PowerSGD's own CPU on a bucket (torch's powerSGD_hook), priced with the device's constants
+# (Options.cpu) as ring-topk's exchanges are: without it an uncalibrated prediction had PowerSGD's
+# step as cheap as its bytes (its CPU, 0.06-0.09 s a step of facenet here, came only from a
+# calibration's fitted cpu_s). Per bucket: the error added in, the input kept, the new error left
+# (passes over the bucket); per compressed matrix M (p entries) P = M Q, Q = M^T P and P Q^T back
+# into M, each a pass over M and p x rank multiply-adds. fp16's two casts are not itemised: on
+# these hosts they cost what moving half the bytes saves (its step on loopback is allreduce's,
+# -3..+5% over four grids), a balance a calibration's cpu_s, at least 0, could not restore.
+POWERSGD_PASSES, POWERSGD_PRODUCTS = 3, 3
+ITEMISED_CPU = ("powersgd",)  # calibrations before 2026-12-07 fitted this CPU into cpu_s
+
+
+def powersgd_cpu_s(b: Bucket, rank: int, o: Options) -> float:
+    """PowerSGD's CPU seconds on one bucket: its passes and its matrices' products."""
+    matrices = sum(p for p in b.sizes if p >= o.dense_below)
+    return (POWERSGD_PASSES * b.params * o.cpu.pass_s
+            + POWERSGD_PRODUCTS * matrices * (o.cpu.pass_s + rank * o.cpu.flop_s))
+
+
 def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float,
                 compute_per_param: float = 0.0) -> Comm:
     """`compute_per_param`: the step's compute per parameter; the bucket's share of it weighs a
@@ -158,7 +178,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         r = o.powersgd_rank
         floats = sum(r * 2 * math.isqrt(p) if p >= o.dense_below else p for p in b.sizes)
         nbytes = floats * 4
-        return Comm(2 * allreduce_s(nbytes / 2, c), ring_bytes(nbytes, n, 1))
+        return Comm(2 * allreduce_s(nbytes / 2, c), ring_bytes(nbytes, n, 1), cpu=powersgd_cpu_s(b, r, o))
     large = sum(p for p in b.sizes if p >= o.dense_below)
     small = b.params - large
     k = max(1, int(o.density * large)) if large else 0

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ringps.errors import ConfigError
 from ringps.sim import trace_out
 from ringps.sim.cluster import ClusterSpec
-from ringps.sim.engine import PS, Options, Prediction, run_sync
+from ringps.sim.engine import ITEMISED_CPU, PS, Options, Prediction, run_sync
 from ringps.sim.ps import run_ps
 from ringps.sim.workload import PROFILES, Workload, load_yaml_model
 
@@ -70,6 +70,9 @@ class Progress(BaseModel):
     # calibration: per strategy, CPU seconds per step of its own work the model does not itemise,
     # on the calibrated machine and model (Options.extra_cpu_s); empty in the shipped file
     cpu_s: dict[str, float] = {}
+    # calibration: the strategies whose own CPU the model itemised when cpu_s was fitted (a file
+    # without them, from before 2026-12-07, fitted PowerSGD's products into cpu_s)
+    cpu_s_itemised: list[str] = []
     # calibration: workers -> each direction of a server's lossy link while both carry transfers,
     # x its rate (measured apart by benchmarks/server_link.py, `--calibrate ... --duplex`); empty: 1
     duplex: dict[int, float] = {}
@@ -100,6 +103,9 @@ def load_calibration(path: Optional[str], flag: str) -> Progress:
         update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
     if "staleness_a" not in calibrated.model_fields_set:  # the price and its form go together
         update |= {"staleness_a": shipped.staleness_a, "staleness_form": shipped.staleness_form}
+    # an older file's cpu_s of a strategy the model now itemises was that CPU: the itemised price replaces it
+    update["cpu_s"] = {k: v for k, v in calibrated.cpu_s.items()
+                       if k not in ITEMISED_CPU or k in calibrated.cpu_s_itemised}
     return calibrated.model_copy(update=update)
 
 
