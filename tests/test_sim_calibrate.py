@@ -118,6 +118,7 @@ def test_an_older_calibrations_cpu_for_what_the_model_now_itemises_is_replaced(t
     old = tmp_path / "old.yaml"
     old.write_text("compute_a: 2.0\ncpu_s: {fp16: 0.02, powersgd: 0.07, ring-topk: 0.01}\n")
     assert load_calibration(str(old), "--auto-calibration").cpu_s == {"fp16": 0.02, "ring-topk": 0.01}
+    assert load_progress(str(old)).cpu_s == {"fp16": 0.02, "ring-topk": 0.01}  # as `ringps simulate --progress` reads it
     new = tmp_path / "new.yaml"
     new.write_text(old.read_text() + "cpu_s_itemised: [powersgd]\n")
     assert load_calibration(str(new), "--auto-calibration").cpu_s == {"fp16": 0.02, "powersgd": 0.07, "ring-topk": 0.01}

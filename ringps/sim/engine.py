@@ -154,7 +154,7 @@ class Comm(NamedTuple):
 # (passes over the bucket); per compressed matrix M (p entries) P = M Q, Q = M^T P and P Q^T back
 # into M, each a pass over M and p x rank multiply-adds. fp16's two casts are not itemised: on
 # these hosts they cost what moving half the bytes saves (its step on loopback is allreduce's,
-# -3..+5% over four grids), a balance a calibration's cpu_s, at least 0, could not restore.
+# -4..+5% over four grids), a balance a calibration's cpu_s, at least 0, could not restore.
 POWERSGD_PASSES, POWERSGD_PRODUCTS = 3, 3
 ITEMISED_CPU = ("powersgd",)  # calibrations before 2026-12-07 fitted this CPU into cpu_s
 

@@ -86,7 +86,10 @@ def load_progress(path: Optional[str], flag: str = "--progress") -> Progress:
     if not p.is_file():
         raise ConfigError(f"{flag} {path}: no such file" + (
             "" if flag == "--progress" else " (write one with `ringps simulate --calibrate RUN... --out FILE`)"))
-    return load_yaml_model(Progress, p, f"{flag} {path or p}")
+    prog = load_yaml_model(Progress, p, f"{flag} {path or p}")
+    # an older file's cpu_s of a strategy the model now itemises was that CPU: the itemised price replaces it
+    return prog.model_copy(update={"cpu_s": {k: v for k, v in prog.cpu_s.items()
+                                             if k not in ITEMISED_CPU or k in prog.cpu_s_itemised}})
 
 
 def load_calibration(path: Optional[str], flag: str) -> Progress:
@@ -103,9 +106,6 @@ def load_calibration(path: Optional[str], flag: str) -> Progress:
         update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
     if "staleness_a" not in calibrated.model_fields_set:  # the price and its form go together
         update |= {"staleness_a": shipped.staleness_a, "staleness_form": shipped.staleness_form}
-    # an older file's cpu_s of a strategy the model now itemises was that CPU: the itemised price replaces it
-    update["cpu_s"] = {k: v for k, v in calibrated.cpu_s.items()
-                       if k not in ITEMISED_CPU or k in calibrated.cpu_s_itemised}
     return calibrated.model_copy(update=update)
 
 
