@@ -268,9 +268,9 @@ def validate(runs: list[Path], w) -> list[str]:
         lines.append(f"every run on its own (not the fastest repeat): {agreement(each)}")
     lines += tracked(every, references, w)
     # the same cells with the host kernel's CPU per byte charged (the model before 2026-12-07)
-    errs0 = score(calib, test, w, show=False, charge_bytes=True)
-    lines.append(f"with the host kernel's CPU per byte moved charged ({errs0[3].cpu_per_byte:.3g} s, as before "
-                 f"2026-12-07): {agreement(errs0[0])}")
+    charged, _, _, f_charged, _ = score(calib, test, w, show=False, charge_bytes=True)
+    lines.append(f"with the host kernel's CPU per byte moved charged ({f_charged.cpu_per_byte:.3g} s, as before "
+                 f"2026-12-07): {agreement(charged)}")
     return lines
 
 

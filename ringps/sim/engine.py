@@ -110,6 +110,11 @@ class Bucket:
     params: int
     sizes: list[int]
 
+    def large(self, dense_below: int) -> int:
+        """Its parameters in tensors of at least `dense_below`: those compression compresses (the
+        rest go dense)."""
+        return sum(p for p in self.sizes if p >= dense_below)
+
 
 def buckets(w: Workload, cap_bytes: float) -> list[Bucket]:
     """DDP's buckets as ringps's DDP builds them: layers in the backward's order, a bucket closed
@@ -161,9 +166,8 @@ ITEMISED_CPU = ("powersgd",)  # calibrations before 2026-12-07 fitted this CPU i
 
 def powersgd_cpu_s(b: Bucket, rank: int, o: Options) -> float:
     """PowerSGD's CPU seconds on one bucket: its passes and its matrices' products."""
-    matrices = sum(p for p in b.sizes if p >= o.dense_below)
     return (POWERSGD_PASSES * b.params * o.cpu.pass_s
-            + POWERSGD_PRODUCTS * matrices * (o.cpu.pass_s + rank * o.cpu.flop_s))
+            + POWERSGD_PRODUCTS * b.large(o.dense_below) * (o.cpu.pass_s + rank * o.cpu.flop_s))
 
 
 def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float,
@@ -179,7 +183,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         floats = sum(r * 2 * math.isqrt(p) if p >= o.dense_below else p for p in b.sizes)
         nbytes = floats * 4
         return Comm(2 * allreduce_s(nbytes / 2, c), ring_bytes(nbytes, n, 1), cpu=powersgd_cpu_s(b, r, o))
-    large = sum(p for p in b.sizes if p >= o.dense_below)
+    large = b.large(o.dense_below)
     small = b.params - large
     k = max(1, int(o.density * large)) if large else 0
     p = CostParams(**{**o.cpu.__dict__, "bandwidth": c.bw, "latency": c.latency_s})
