@@ -133,7 +133,7 @@ def test_ssp_holds_a_worker_ahead_until_the_slowest_moves():
     assert rate[100] == pytest.approx(4 / 3, rel=0.05)  # never held: asynchronous
     many = simulate("ps-ssp", toy(), ClusterSpec(workers=256, net="1000gbit", latency_s=0.0, efficiency=1.0),
                     Options(staleness_threshold=0), Progress(), steps=4)
-    update_s = UPDATE_PASSES * 1e6 * Options().cpu.pass_s
+    update_s = UPDATE_PASSES * 1e6 * Options().kernels.pass_s
     assert many.step_s == pytest.approx(1.0 + 256 * update_s, rel=0.02)
     assert many.extra["mean_staleness"] == pytest.approx(255 / 2, rel=0.02)  # each push of a round bumps the version
 
@@ -555,3 +555,66 @@ def test_warm_up_steps_are_priced_as_what_they_run():
     assert extra == pytest.approx(10 * (dense.step_s - none.step_s), rel=0.02)
     # ring-topk's density ramp: 2 epochs of 280 samples at 16 x 4 a step = 10 steps
     assert simulate("ring-topk", w, c, Options(), prog, steps=6).extra["warmup_steps"] == 10
+
+
+def test_a_profiles_device_rates_price_the_strategies_own_work():
+    """The strategies' own work (PowerSGD's passes and products, ring-topk's selection) was priced
+    at this host's CPU costs whatever device a profile came from: resnet101-p100's PowerSGD took
+    317 ms of a P100's 473 ms step. A profile's `kernels` (its device's memory bandwidth and FP32
+    rate) scale this host's costs by this host's rates over the device's: hand-computed at ten
+    times this host's rates, PowerSGD's own work is a tenth; a run's recorded constants (what
+    ring-topk measured) still win over the profile's; the servers stay host CPUs."""
+    from ringps.cost import CostParams
+    from ringps.sim.workload import HOST_FP32_TFLOPS, HOST_MEMORY_GB_S, Kernels
+
+    fast = Kernels(memory_gb_s=10 * HOST_MEMORY_GB_S, fp32_tflops=10 * HOST_FP32_TFLOPS).cost_params()
+    d = CostParams()
+    for k in ("pass_s", "reduce_s", "select_s", "scatter_s", "flop_s"):
+        assert getattr(fast, k) == pytest.approx(getattr(d, k) / 10)
+    assert Kernels(memory_gb_s=HOST_MEMORY_GB_S, fp32_tflops=1.0, select_s=7e-9).cost_params().select_s == 7e-9  # given wins
+    base = load_workload("facenet")
+    assert base.kernels is None
+    w = base.model_copy(update={"kernels": Kernels(memory_gb_s=10 * HOST_MEMORY_GB_S, fp32_tflops=10 * HOST_FP32_TFLOPS)})
+    c = ClusterSpec(workers=4, net="100000gbit", compute_scale=10.0)  # the last all-reduce beside the CPU: ~0
+    free = CostParams(pass_s=0.0, flop_s=0.0)
+    matrices = sum(layer.params for layer in w.layers if layer.params >= Options().dense_below)
+
+    def exposed(wl, cpu=None):  # the CPU after the backward; with none, the collectives' latency (0.6 ms)
+        return simulate("powersgd", wl, c, Options(cpu=cpu, powersgd_start_iter=0), Progress(), steps=6).exposed_s
+
+    hand = 3 * w.params * 1e-10 + 3 * matrices * (1e-10 + 4 * 1e-11)  # rank 4 at a tenth of the host's costs
+    assert exposed(w, free) < 0.1 * hand
+    assert exposed(w) == pytest.approx(hand, rel=0.02)
+    assert exposed(base) == pytest.approx(10 * hand, rel=0.02)  # no kernels: the host's
+    assert exposed(w, CostParams()) == pytest.approx(exposed(base), rel=1e-9)  # a run's own constants win
+    # the shipped P100 profile: PowerSGD's own work is milliseconds of its 473 ms step, not 317 ms
+    p100 = load_workload("resnet101-p100")
+    assert p100.kernels.memory_gb_s == 732 and "datasheet" in p100.kernels.source
+    big = ClusterSpec(workers=64, net="10gbit")
+    pred = {s: simulate(s, p100, big, Options(), Progress(), steps=6) for s in ("powersgd", "fp16")}
+    assert pred["powersgd"].exposed_s < 0.03 and pred["powersgd"].step_s < 1.05 * pred["fp16"].step_s
+    ps = [simulate("ps-sync", wl, ClusterSpec(workers=4, net="1gbit", servers=1), Options(), Progress(), steps=6).step_s
+          for wl in (base, w)]
+    assert ps[0] == pytest.approx(ps[1], rel=1e-9)  # the servers' update is a host CPU's either way
+
+
+def test_bad_kernels_and_a_measured_profiles_kernels(tmp_path):
+    """A profile's kernels need the device's rates or the constants themselves: one line naming the
+    key. `ringps profile` measures its device's rates and writes them."""
+    f = tmp_path / "p.yaml"
+    head = "name: x\nbatch: 8\nlayers: [{name: a, params: 10, forward_s: 0.001, backward_s: 0.002}]\n"
+    for kernels, msg in (("{}", "kernels: give memory_gb_s (the device's memory bandwidth) or pass_s"),
+                         ("{memory_gb_s: 900}", "kernels: give fp32_tflops (the device's FP32 rate) or flop_s"),
+                         ("{memory_gb_s: 0, fp32_tflops: 1}", "kernels.memory_gb_s: Input should be greater than 0"),
+                         ("{memory_gb_s: 900, fp32_tflops: 15, tflops: 1}", "kernels.tflops: Extra inputs")):
+        f.write_text(head + f"kernels: {kernels}\n")
+        with pytest.raises(ConfigError, match=re.escape(msg)) as e:
+            load_workload(str(f))
+        assert "\n" not in str(e.value)
+    out = tmp_path / "mlp.yaml"
+    r = subprocess.run([sys.executable, "-m", "ringps", "profile", "--model", "mlp", "--dataset", "orl-faces",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    k = load_workload(str(out)).kernels
+    assert k.memory_gb_s > 1 and k.fp32_tflops > 0.001 and "ringps profile" in k.source
+    assert k.cost_params().pass_s > 0

@@ -26,11 +26,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ringps.comm.probe import device_rates
     from ringps.data import load_dataset
     from ringps.data.loader import ShardedLoader
     from ringps.models import build_model
     from ringps.schedule.profile import profile_model
-    from ringps.sim.workload import from_profile
+    from ringps.sim.workload import Kernels, from_profile
 
     cfg = validate({"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size})
     torch.set_num_threads(1)
@@ -40,9 +41,13 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(args.model, data.shape, data.num_classes)
     batch = next(iter(ShardedLoader(data.train, 0, 1, args.batch_size, 0).epoch(0)))
     prof = profile_model(model, batch.inputs, batch.targets, reps=5)
+    gb_s, tflops = device_rates()  # what the strategies' own work costs on this device scales with
     w = from_profile(prof, f"{args.model} on {args.dataset}", f"{platform.processor() or platform.machine()}, 1 thread",
-                     args.steps_to_target, samples=len(data.train.images))
+                     args.steps_to_target, samples=len(data.train.images),
+                     kernels=Kernels(source="measured by ringps profile (ringps.comm.probe.device_rates)",
+                                     memory_gb_s=round(gb_s, 1), fp32_tflops=round(tflops, 4)))
     w.save(args.out)
     print(f"{args.out}: {len(w.layers)} layers, {w.params / 1e6:.2f} M parameters, {w.compute_s * 1e3:.1f} ms per step "
-          f"(forward and backward) and the optimizer's step, {w.optimizer_s * 1e3:.1f} ms")
+          f"(forward and backward) and the optimizer's step, {w.optimizer_s * 1e3:.1f} ms; memory {gb_s:.1f} GB/s, "
+          f"{tflops:.3f} TFLOPS")
     return 0

@@ -150,8 +150,12 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(p.as_dict()))
         return 0
     console = wide_console()
-    console.print(f"{w.name} ({w.params / 1e6:.1f} M parameters, {w.compute_s * 1e3:.0f} ms per step on {w.device or '?'}) "
-                  f"on {describe(c)}")
+    k = w.kernels
+    own = ("the strategies' own work at this host's costs" if k is None else
+           f"the strategies' own work at {k.memory_gb_s:g} GB/s, {k.fp32_tflops:g} TFLOPS" if k.memory_gb_s and k.fp32_tflops
+           else "the strategies' own work at the profile's kernels")
+    console.print(f"{w.name} ({w.params / 1e6:.1f} M parameters, {w.compute_s * 1e3:.0f} ms per step on {w.device or '?'}; "
+                  f"{own}) on {describe(c)}")
     t = Table("strategy", "step", "utilization", "exposed/step", "MB/step", "time-to-accuracy", "staleness (ps)", "drops",
               "server link")
     for p in sorted(preds, key=lambda p: p.extra.get("time_to_accuracy_s") or float("inf")):

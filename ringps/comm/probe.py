@@ -95,3 +95,16 @@ def calibrate_cpu(n: int = 1 << 21, density: float = 0.01, device=None) -> dict[
         "pass_s": _time(lambda: out.zero_().add_(g), device=device) / (2 * n),
         "reduce_s": _time(lambda: out.add_(g), device=device) / n,
     }
+
+
+def device_rates(n: int = 1 << 24, reps: int = 5, device=None) -> tuple[float, float]:
+    """The device's memory bandwidth (GB/s, a dense pass over `n` floats, well past the caches)
+    and FP32 rate (TFLOPS, a matrix product): the rates a workload profile records
+    (`ringps.sim.workload.Kernels`), best of `reps` (other tenants only ever slow a kernel down)."""
+    rand = torch.Generator().manual_seed(0)
+    g = torch.randn(n, generator=rand, device="cpu").to(device)
+    out = torch.zeros(n, device=device)
+    a, b = (torch.randn(256, m, generator=rand, device="cpu").to(device) for m in (1024, 1024))
+    pass_s = _time(lambda: out.zero_().add_(g), reps, device) / (2 * n)  # 16 bytes moved per 2 element-passes
+    mac_s = _time(lambda: a.t() @ b, reps, device) / (256 * 1024 * 1024)
+    return 8 / pass_s / 1e9, 2 / mac_s / 1e12

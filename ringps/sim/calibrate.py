@@ -125,7 +125,7 @@ def options_of(cfg: dict, summary: Optional[dict] = None, total_steps: Optional[
 
     st, cp = cfg["strategy"], cfg.get("compress", {})
     hook = ((summary or {}).get("strategy_stats") or {}).get("rank0") or {}
-    return Options(cpu=CostParams(**hook["cost_params"]) if hook.get("cost_params") else CostParams(),
+    return Options(cpu=CostParams(**hook["cost_params"]) if hook.get("cost_params") else None,
                    plan_compute_s=hook.get("compute_s"), density=cp.get("density", 0.01),
                    powersgd_rank=st.get("powersgd_rank", 4),
                    local_period=st.get("local_period", 8), bucket_cap_mb=st.get("bucket_cap_mb", 25.0),

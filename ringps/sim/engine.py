@@ -51,7 +51,9 @@ class Options:
     powersgd_start_iter: int = 10  # plain all-reduce steps first
     local_warmup_steps: int = 20  # localsgd: global gradient all-reduce first
     density_warmup_epochs: float = 2.0  # ring-topk, topk-allgather: density 0.25 -> --density
-    cpu: CostParams = field(default_factory=CostParams)  # the device's CPU constants (selection etc.)
+    # the device's per-element costs of the strategies' own work (selection etc.); None: the
+    # profile's (Workload.kernels), else this host's (CostParams's defaults); a run's recorded own
+    cpu: Optional[CostParams] = None
     # CPU seconds per step of the strategy's own work that the model does not itemise (copies,
     # fp16's casts; PowerSGD's products and error feedback are itemised: ITEMISED_CPU): fitted by
     # --calibrate, 0 unless given
@@ -64,6 +66,10 @@ class Options:
     total_steps: Optional[int] = None
     exact_tail: float = 0.4
     in_tail: bool = False
+
+    @property
+    def kernels(self) -> CostParams:
+        return self.cpu or CostParams()
 
     @property
     def tail_from(self) -> Optional[int]:
@@ -153,7 +159,7 @@ class Comm(NamedTuple):
 
 
 # PowerSGD's own CPU on a bucket (torch's powerSGD_hook), priced with the device's constants
-# (Options.cpu) as ring-topk's exchanges are: without it an uncalibrated prediction had PowerSGD's
+# (Options.kernels) as ring-topk's exchanges are: without it an uncalibrated prediction had PowerSGD's
 # step as cheap as its bytes (its CPU, 0.06-0.09 s a step of facenet here, came only from a
 # calibration's fitted cpu_s). Per bucket: the error added in, the input kept, the new error left
 # (passes over the bucket); per compressed matrix M (p entries) P = M Q, Q = M^T P and P Q^T back
@@ -166,8 +172,8 @@ ITEMISED_CPU = ("powersgd",)  # calibrations before 2026-12-07 fitted this CPU i
 
 def powersgd_cpu_s(b: Bucket, rank: int, o: Options) -> float:
     """PowerSGD's CPU seconds on one bucket: its passes and its matrices' products."""
-    return (POWERSGD_PASSES * b.params * o.cpu.pass_s
-            + POWERSGD_PRODUCTS * b.large(o.dense_below) * (o.cpu.pass_s + rank * o.cpu.flop_s))
+    k = o.kernels
+    return POWERSGD_PASSES * b.params * k.pass_s + POWERSGD_PRODUCTS * b.large(o.dense_below) * (k.pass_s + rank * k.flop_s)
 
 
 def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: float,
@@ -186,7 +192,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
     large = b.large(o.dense_below)
     small = b.params - large
     k = max(1, int(o.density * large)) if large else 0
-    p = CostParams(**{**o.cpu.__dict__, "bandwidth": c.bw, "latency": c.latency_s})
+    p = CostParams(**{**o.kernels.__dict__, "bandwidth": c.bw, "latency": c.latency_s})
     if strategy == "topk-allgather":
         t_small = allreduce_s(small * 4, c)
         if not large:

@@ -256,6 +256,10 @@ def scaled(w: Workload, c: ClusterSpec) -> Workload:
 def simulate(strategy: str, w: Workload, c: ClusterSpec, o: Options, prog: Progress, steps: int = 30, seed: int = 0,
              trace_dir: Optional[Path] = None) -> Prediction:
     w = scaled(w, c)
+    # the profile's device prices the workers' own work (selection, PowerSGD's products); a
+    # parameter server's workers have none, and its servers are host CPUs (as BytePS's are)
+    if o.cpu is None and w.kernels is not None and strategy not in PS:
+        o = replace(o, cpu=w.kernels.cost_params())
     if strategy in prog.cpu_s and not o.extra_cpu_s:
         o = replace(o, extra_cpu_s=prog.cpu_s[strategy])
     if strategy in PS:

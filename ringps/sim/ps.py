@@ -56,7 +56,7 @@ def run_ps(strategy: str, w: Workload, c: ClusterSpec, o: Options, pushes_per_wo
     if c.server_duplex < 1:  # pushes in and replies out at once: each direction slower (link.py)
         up.pair(down, c.server_duplex)
     lock = simpy.Resource(env, 1)
-    t_update = UPDATE_PASSES * shard * o.cpu.pass_s
+    t_update = UPDATE_PASSES * shard * o.kernels.pass_s  # a host CPU's: the profile's kernels are the workers'
     T = o.staleness_threshold if o.staleness_threshold is not None else (
         2 * (n - 1) if policy == "threshold" else 4)
     state = {"version": 0, "applied": 0, "dropped": 0, "dropped_first": 0, "judged": 0}
