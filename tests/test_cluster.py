@@ -147,6 +147,30 @@ def test_torchrun_two_nodes_across_emulated_hosts(tmp_path, no_leftovers):
 
 
 @needs_root
+def test_torchrun_auto_chooses_on_the_links_it_measured(tmp_path, no_leftovers):
+    """`--strategy auto` across two hosts joined by 100 Mbit/s: the ranks measure the link they
+    really have (within its rate) and choose for it what 4 local workers at 100 Mbit/s measured
+    fastest (a sparse exchange, RESULTS §1), not DDP; both train it."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    out = tmp_path / "auto"
+    with cl.Cluster.create([100e6, 100e6]) as c:
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0"}
+        env.pop("RINGPS_LAUNCHED", None)
+        procs = [subprocess.Popen(c.exec_prefix(node) + [
+            torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", c.addr(0),
+            "--master-port", "29513", "-m", "ringps", "train", "--strategy", "auto", "--steps", "4", "--out", str(out),
+            "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs[0][-3000:] + logs[1][-3000:]
+    plan = json.loads((out / "auto-plan.json").read_text())
+    assert 0.7 * 100e6 / 8 < plan["links"]["bandwidth_bytes_s"] < 1.05 * 100e6 / 8
+    picked = plan["chosen"].split(" ")[0]
+    assert picked in ("ring-topk", "topk-allgather", "powersgd"), plan["ranking"][:4]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["workers"] == 2 and s["steps"] == 4 and f"strategy: {picked}" in (out / "config.yaml").read_text()
+
+
+@needs_root
 def test_layered_worker_replays_factor_layers_with_the_servers_momentum(tmp_path, no_leftovers):
     """A slow link makes the planner send the large layer as sufficient factors, which the worker
     replays: with one worker, its copy after the last step equals the server's values bit for

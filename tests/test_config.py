@@ -70,17 +70,6 @@ def test_bad_input_is_one_line_and_exit_2_in_a_process_of_its_own(args, expected
     check_one_line(r.returncode, r.stderr, expected)
 
 
-def test_auto_under_torchrun_is_one_line(capsys, monkeypatch):
-    """Under torchrun each rank would choose `--strategy auto` alone, on its own step's timing,
-    before a process group exists to agree in; it said "unknown strategy 'auto'"."""
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.delenv("RINGPS_LAUNCHED", raising=False)
-    check_one_line(*cli_here(capsys, "train", "--strategy", "auto"),
-                   "--strategy auto chooses before the workers start, which torchrun's ranks cannot agree on: "
-                   "run `ringps plan --auto")
-
-
 def test_bad_yaml_value_names_the_option(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("train:\n  epochs: -3\n")
@@ -157,3 +146,7 @@ def test_auto_backend_is_nccl_on_cuda_but_gloo_for_parameter_servers(monkeypatch
     assert pick_backend(validate({"strategy": "ring-topk", "backend": "gloo"})) == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_backend(validate({"strategy": "allreduce"})) == "gloo"
+    # --strategy auto under torchrun forms its group before it chooses: the host's backend
+    assert pick_backend(validate({"strategy": "auto"})) == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_backend(validate({"strategy": "auto"})) == "nccl"

@@ -28,14 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from ringps.launch.run import check, run_job, under_torchrun
 
     if under_torchrun():
-        from ringps.errors import ConfigError
         from ringps.launch.worker import run_process
 
-        if cfg.strategy.strategy == "auto":  # each rank would choose alone, on its own timing, before the group exists
-            raise ConfigError("--strategy auto chooses before the workers start, which torchrun's ranks cannot agree "
-                              "on: run `ringps plan --auto --workers N --net RATE [--node-size G --intra-net RATE]` for "
-                              "your cluster and give its pick as --strategy")
-        check(cfg)
+        if cfg.strategy.strategy != "auto":  # auto is checked once the ranks have chosen (launch/auto_group.py)
+            check(cfg)
         return run_process(cfg, None, managed=False)
     console = wide_console()
     summary = run_job(cfg, Console(stderr=True))

@@ -70,10 +70,13 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "RINGPS_LAUNCHED" not in os.environ
 
 
-def auto_choices(cfg: Config, flag: str = "--auto-calibration") -> tuple[list, Any, Optional[Any], Any]:
-    """Every candidate strategy for this job on this machine, fastest predicted first (ringps/sim/auto.py),
-    with the cluster it priced, the step it measured here (None: a calibration file priced it) and
-    the workload profile; `flag`: the calibration file's flag, for its errors."""
+def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[tuple[float, float]] = None,
+                 nodes: int = 1, gpu: bool = False) -> tuple[list, Any, Optional[Any], Any]:
+    """Every candidate strategy for this job, fastest predicted first (ringps/sim/auto.py), with
+    the cluster it priced, the step it measured here (None: a calibration file priced it) and the
+    workload profile; `flag`: the calibration file's flag, for its errors. Locally the cluster is
+    this machine's emulated one; under torchrun (`links`: the group's measured latency and
+    bandwidth, launch/auto_group.py) `nodes` hosts of this one's kind (`gpu`: a device per rank)."""
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
@@ -90,25 +93,27 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration") -> tuple[list, A
         measured = measure_step(cfg)
         fitted = Fitted(measured.step_s / w.compute_s, efficiency=prog.efficiency or 0.95,
                         ps_compute_a=measured.compute_s / w.compute_s)
-    # every process of the job on this machine's cores, as calibration models the runs
-    c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
-    ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
+    if links is None:  # every process of the job on this machine's cores, as calibration models the runs
+        c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
+        ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
+    else:
+        from ringps.launch.auto_group import group_cluster
+
+        c = group_cluster(cfg, links, nodes, gpu, fitted)
+        ps_c = group_cluster(cfg, links, nodes, gpu, fitted, ps=True)
     # the run's length, where ring-topk's exact tail begins (as the trainer counts its steps)
     per_epoch = steps_per_epoch(w.samples, cfg.run.workers, cfg.data.batch_size) if w.samples else None
     total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
     base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail)
-    return rank(w, c, prog, base=base, ps_cluster=ps_c), c, measured, w
+    with_ps = not gpu  # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
+    return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=with_ps), c, measured, w
 
 
-def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
-    """--strategy auto: the simulator's pick for this job, as a new config, and the ranking that
-    chose it (written to the run folder as auto-plan.json)."""
-    if cfg.strategy.strategy != "auto":
-        return cfg, None
+def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: Any) -> tuple[Config, dict[str, Any]]:
+    """The ranking's pick as the job's new config, and the plan that chose it (auto-plan.json)."""
     from ringps.config import validate
     from ringps.sim.auto import reasons
 
-    choices, c, measured, w = auto_choices(cfg)
     best = choices[0]
     flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})
@@ -119,19 +124,32 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     return validate(flat), plan
 
 
+def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
+    """--strategy auto: the simulator's pick for this job, as a new config, and the ranking that
+    chose it (written to the run folder as auto-plan.json)."""
+    if cfg.strategy.strategy != "auto":
+        return cfg, None
+    return auto_plan(cfg, *auto_choices(cfg))
+
+
+def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Console) -> None:
+    """auto-plan.json in the run folder, and the choice on the console."""
+    import json
+
+    (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
+    m = plan["measured_step"]
+    priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
+              f"{m['steps']} steps of one process)") if m else f" (priced by {cfg.strategy.auto_calibration})"
+    console.print(f"--strategy auto chose {plan['reasons']}{priced}")
+
+
 def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str] = None) -> dict[str, Any]:
     cfg, auto_plan = resolve_auto(cfg)
     check(cfg)
     run_dir = create_run_dir(cfg)
-    if auto_plan is not None:
-        import json
-
-        (run_dir / "auto-plan.json").write_text(json.dumps(auto_plan, indent=1))
-        m = auto_plan["measured_step"]
-        priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
-                  f"{m['steps']} steps of one process)") if m else f" (priced by {cfg.strategy.auto_calibration})"
-        (console or Console(stderr=True)).print(f"--strategy auto chose {auto_plan['reasons']}{priced}")
     console = console or Console(stderr=True)
+    if auto_plan is not None:
+        write_plan(run_dir, auto_plan, cfg, console)
     with placement(cfg, run_dir.name) as where:
         job = Job(cfg, run_dir, where)
         job.start()

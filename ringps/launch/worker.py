@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import yaml
+from rich.console import Console
 
 from ringps import trace
 from ringps.comm.group import init_from_env
@@ -53,7 +54,7 @@ def pick_backend(cfg: Config) -> str:
     and any-source receives are gloo's, on CPU buffers), whose workers then compute on the CPU."""
     if cfg.run.backend != "auto":
         return cfg.run.backend
-    if STRATEGIES.get(cfg.strategy.strategy).needs_servers:
+    if cfg.strategy.strategy != "auto" and STRATEGIES.get(cfg.strategy.strategy).needs_servers:
         return "gloo"
     return "nccl" if torch.cuda.is_available() else "gloo"
 
@@ -83,11 +84,22 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
         torch.cuda.set_device(device)
     trainer: Optional[Trainer] = None
     try:
-        worker_ranks, server_ranks = roles(cfg, world)
         init_from_env(backend, cfg.run.timeout)
+        plan = None
+        if not managed and cfg.strategy.strategy == "auto":  # chosen together (auto_group.py), then checked
+            from ringps.launch.auto_group import resolve_in_group
+            from ringps.launch.run import check
+
+            cfg, plan = resolve_in_group(cfg, rank, world, device)
+            check(cfg)
+        worker_ranks, server_ranks = roles(cfg, world)
         if not managed:  # torchrun decides the size; rank 0 names the run folder for everyone
             cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"workers": len(worker_ranks)})})
             run_dir = shared_run_dir(cfg, rank)
+            if plan is not None:
+                from ringps.launch.run import write_plan
+
+                write_plan(run_dir, plan, cfg, Console(stderr=True))
         assert run_dir is not None
         if cfg.run.trace:
             tracer = trace.install(trace.Tracer(run_dir, rank, world, backend, "worker" if rank in worker_ranks else "server"))

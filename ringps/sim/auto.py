@@ -46,16 +46,17 @@ class Choice:
 
 
 def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Optional[Options] = None,
-         ps_cluster: Optional[ClusterSpec] = None) -> list[Choice]:
+         ps_cluster: Optional[ClusterSpec] = None, with_ps: bool = True) -> list[Choice]:
     """Every candidate, fastest predicted time-to-accuracy first; `ps_cluster`: the cluster as a
-    parameter-server worker computes on it (calibration fits its compute apart), default `c`."""
+    parameter-server worker computes on it (calibration fits its compute apart; under torchrun
+    fewer workers, the servers among the ranks), default `c`; `with_ps`: the parameter servers too."""
     base = base or Options()
     out = []
     for strategy, settings in CANDIDATES:
-        if strategy.startswith("ps-") and c.workers < 2:
+        on = ps_cluster if strategy.startswith("ps-") and ps_cluster is not None else c
+        if strategy.startswith("ps-") and (on.workers < 2 or not with_ps):
             continue
         o = replace(base, **settings)
-        on = ps_cluster if strategy.startswith("ps-") and ps_cluster is not None else c
         out.append(Choice(strategy, settings, simulate(strategy, w, on, o, prog, steps=steps)))
     return sorted(out, key=lambda ch: (ch.tta, ch.prediction.step_s))
 
