@@ -81,4 +81,3 @@ def resolve_in_group(cfg: Config, rank: int, world: int, device: torch.device) -
         raise RingpsError(f"rank 0 could not choose for --strategy auto: {box}")
     flat, plan = box
     return validate(flat), (plan if rank == 0 else None)
-
