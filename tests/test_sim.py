@@ -398,10 +398,12 @@ def test_bad_profiles_and_clusters_are_one_line(tmp_path):
     # the first predicted a step sending twice the model, the second a statistics traceback)
     for flags, msg in ((["--density", "2"], "--density 2.0: must be <= 1.0"), (["--density", "0"], "must be > 0"),
                        (["--staleness-threshold", "-1"], "must be >= 0"), (["--powersgd-rank", "0"], "must be >= 1"),
-                       (["--local-period", "0"], "must be >= 1"), (["--steps", "0"], "--steps 0: steps")):
+                       (["--local-period", "0"], "must be >= 1"), (["--steps", "0"], "--steps 0: steps"),
+                       (["--sparse-progress", "0"], "--sparse-progress 0.0: must be > 0.0")):
         with pytest.raises(ConfigError, match=re.escape(msg)):
             options(p.parse_args(flags))
     assert options(p.parse_args(["--density", "1", "--staleness-threshold", "0"])).density == 1.0
+    assert options(p.parse_args(["--sparse-progress", "0.9"])).sparse_progress == 0.9  # train's flag, the same key
 
 
 def test_simulate_cli_prints_json_per_strategy():

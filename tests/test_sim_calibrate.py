@@ -109,6 +109,14 @@ def test_auto_prices_the_job_with_a_calibration_of_its_cluster(tmp_path):
     assert "on 4 workers, loopback (priced as 10gbit)" in bare_net.stdout and "1gbit" not in bare_net.stdout
     with pytest.raises(ConfigError, match="--auto-calibration .*no such file"):
         resolve_auto(load_config(None, {**job, "auto_calibration": str(tmp_path / "missing.yaml")}))
+    # the job's --sparse-progress, which ring-topk's hook decides with, prices the plan too (it
+    # was dropped: the plan priced each exchange's own while the run used the flag's)
+    two = {**job, "workers": 2, "auto_calibration": str(cal)}
+    ring = "ring-topk (density=0.01)"
+    own = {r["strategy"]: r for r in resolve_auto(load_config(None, two))[1]["ranking"]}[ring]
+    told_cfg, told = resolve_auto(load_config(None, {**two, "sparse_progress": 1.0}))
+    assert {r["strategy"]: r for r in told["ranking"]}[ring]["time_to_accuracy_s"] != own["time_to_accuracy_s"]
+    assert told_cfg.compress.sparse_progress == 1.0
 
 
 def test_an_older_calibrations_cpu_for_what_the_model_now_itemises_is_replaced(tmp_path):

@@ -82,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--powersgd-start-iter", type=int, default=10, help="PowerSGD's plain all-reduce steps first")
     p.add_argument("--local-warmup-steps", type=int, default=20, help="localsgd's global all-reduce steps first")
     p.add_argument("--density-warmup-epochs", type=float, default=2.0, help="ring-topk's density ramp (epochs)")
+    p.add_argument("--sparse-progress", type=float, help="ring-topk: a sparse step's progress against a dense one, for "
+                   "every sparse exchange (default: each exchange's own; `ringps train`'s flag of the same name)")
     p.add_argument("--run-steps", type=int, help="the run's length in steps: where ring-topk's exact tail begins "
                    "(default: not given, no tail)")
     p.add_argument("--exact-tail", type=float, default=0.4, help="ring-topk: the run's last fraction of steps that go by "
@@ -105,7 +107,8 @@ def options(args: argparse.Namespace):
         raise ConfigError(f"--steps {args.steps}: steps (pushes per worker) to simulate, at least 1")
     # the strategy settings mean what `ringps train`'s do: its config's bounds, its one-line errors
     load_config(None, {k: getattr(args, k) for k in ("density", "powersgd_rank", "local_period", "staleness_threshold",
-                                                     "powersgd_start_iter", "local_warmup_steps", "density_warmup_epochs")
+                                                     "powersgd_start_iter", "local_warmup_steps", "density_warmup_epochs",
+                                                     "sparse_progress")
                        if getattr(args, k) is not None})
     if args.run_steps is not None and args.run_steps < 1:
         raise ConfigError(f"--run-steps {args.run_steps}: the run's length, at least 1 step")
@@ -114,7 +117,7 @@ def options(args: argparse.Namespace):
     return Options(density=args.density, powersgd_rank=args.powersgd_rank, local_period=args.local_period,
                    staleness_threshold=args.staleness_threshold, powersgd_start_iter=args.powersgd_start_iter,
                    local_warmup_steps=args.local_warmup_steps, density_warmup_epochs=args.density_warmup_epochs,
-                   total_steps=args.run_steps, exact_tail=args.exact_tail)
+                   total_steps=args.run_steps, exact_tail=args.exact_tail, sparse_progress=args.sparse_progress)
 
 
 def strategies(spec: str) -> list[str]:

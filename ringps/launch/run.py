@@ -104,7 +104,7 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     # the run's length, where ring-topk's exact tail begins (as the trainer counts its steps)
     per_epoch = steps_per_epoch(w.samples, cfg.run.workers, cfg.data.batch_size) if w.samples else None
     total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
-    base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail)
+    base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail, sparse_progress=cfg.compress.sparse_progress)
     with_ps = not gpu  # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
     return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=with_ps), c, measured, w
 
