@@ -455,6 +455,15 @@ def test_plan_auto_takes_the_cluster_as_simulate_does(tmp_path):
     assert bad.returncode == 2 and "--node-size describes a cluster for `ringps plan --auto` without --here" in bad.stderr
     missing = plan("--here", "--calibration", str(tmp_path / "none.yaml"))  # plan's own flag, not train's
     assert missing.returncode == 2 and missing.stderr.startswith(f"ringps: --calibration {tmp_path / 'none.yaml'}: no such file")
+    # `ringps train`'s --sparse-progress prices ring-topk's sparse steps here too, with train's bounds
+    def ring_line(out):
+        return next(line for line in out.splitlines() if "ring-topk (density=0.01)" in line and "│" in line)
+
+    own, told = plan("--workers", "16", "--net", "1gbit"), plan("--workers", "16", "--net", "1gbit", "--sparse-progress", "1")
+    assert own.returncode == 0 and told.returncode == 0, own.stderr + told.stderr
+    assert ring_line(own.stdout) != ring_line(told.stdout)
+    too = plan("--workers", "16", "--sparse-progress", "3")
+    assert too.returncode == 2 and too.stderr.strip() == "ringps: --sparse-progress 3.0: must be <= 1.0"
 
 
 def test_an_exchanges_own_cpu_delays_the_step_even_where_its_wire_hides():
