@@ -42,7 +42,7 @@ def test_the_group_prices_its_measured_links_and_its_hosts(tmp_path):
     assert gpu_c.shared_cores is None and not [ch for ch in gpu_choices if ch.strategy.startswith("ps-")]
     fast, plan = _choose(cfg, (5e-5, 100e9 / 8), 4, True)
     assert plan["links"]["bandwidth_bytes_s"] == 100e9 / 8 and plan["cluster"]["workers"] == 8
-    assert fast["strategy"] == plan["chosen"].split(" ")[0] and fast["workers"] == 8
+    assert fast.strategy.strategy == plan["chosen"].split(" ")[0] and fast.run.workers == 8
     assert plan["chosen"] == "fp16"  # every exchange hides: the fewest steps (fp16's factor) win
 
 

@@ -45,13 +45,13 @@ def group_cluster(cfg: Config, links: tuple[float, float], nodes: int, gpu: bool
                        optimizer_share=None if ps else fitted.optimizer_share)
 
 
-def _choose(cfg: Config, links: tuple[float, float], nodes: int, gpu: bool) -> tuple[dict, dict]:
-    """Rank 0's choice: the picked config's flat keys and the plan."""
+def _choose(cfg: Config, links: tuple[float, float], nodes: int, gpu: bool) -> tuple[Config, dict]:
+    """Rank 0's choice: the picked config and the plan."""
     from ringps.launch.run import auto_choices, auto_plan
 
     picked, plan = auto_plan(cfg, *auto_choices(cfg, links=links, nodes=nodes, gpu=gpu))
     plan["links"] = {"latency_s": links[0], "bandwidth_bytes_s": links[1], "measured": "ring all-reduce over the group"}
-    return {k: v for sec in picked.model_dump(mode="json").values() for k, v in sec.items()}, plan
+    return picked, plan
 
 
 def resolve_in_group(cfg: Config, rank: int, world: int, device: torch.device) -> tuple[Config, Optional[dict[str, Any]]]:
@@ -59,10 +59,7 @@ def resolve_in_group(cfg: Config, rank: int, world: int, device: torch.device) -
     None elsewhere). A failure on rank 0 (its step, its calibration file) reaches every rank as
     the same one-line error."""
     from ringps.comm.probe import broadcast_object, measure_links
-    from ringps.config import validate
 
-    if cfg.strategy.strategy != "auto":
-        return cfg, None
     links = measure_links(None, device=device)
     nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     box: Any = None
@@ -79,5 +76,5 @@ def resolve_in_group(cfg: Config, rank: int, world: int, device: torch.device) -
         raise failed
     if isinstance(box, str):
         raise RingpsError(f"rank 0 could not choose for --strategy auto: {box}")
-    flat, plan = box
-    return validate(flat), (plan if rank == 0 else None)
+    picked, plan = box  # a validated Config: every rank trains rank 0's object as it was picked
+    return picked, (plan if rank == 0 else None)

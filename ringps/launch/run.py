@@ -105,8 +105,8 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     per_epoch = steps_per_epoch(w.samples, cfg.run.workers, cfg.data.batch_size) if w.samples else None
     total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
     base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail, sparse_progress=cfg.compress.sparse_progress)
-    with_ps = not gpu  # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
-    return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=with_ps), c, measured, w
+    # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
+    return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=not gpu), c, measured, w
 
 
 def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: Any) -> tuple[Config, dict[str, Any]]:
@@ -132,15 +132,15 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     return auto_plan(cfg, *auto_choices(cfg))
 
 
-def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Console) -> None:
-    """auto-plan.json in the run folder, and the choice on the console."""
+def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Optional[Console] = None) -> None:
+    """auto-plan.json in the run folder, and the choice on the console (stderr by default)."""
     import json
 
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
     priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
               f"{m['steps']} steps of one process)") if m else f" (priced by {cfg.strategy.auto_calibration})"
-    console.print(f"--strategy auto chose {plan['reasons']}{priced}")
+    (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
 
 
 def run_job(cfg: Config, console: Optional[Console] = None, title: Optional[str] = None) -> dict[str, Any]:

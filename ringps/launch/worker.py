@@ -24,7 +24,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import yaml
-from rich.console import Console
 
 from ringps import trace
 from ringps.comm.group import init_from_env
@@ -99,7 +98,7 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
             if plan is not None:
                 from ringps.launch.run import write_plan
 
-                write_plan(run_dir, plan, cfg, Console(stderr=True))
+                write_plan(run_dir, plan, cfg)
         assert run_dir is not None
         if cfg.run.trace:
             tracer = trace.install(trace.Tracer(run_dir, rank, world, backend, "worker" if rank in worker_ranks else "server"))
