@@ -222,7 +222,7 @@ class CompressConfig(Section):
         "0: the exchange stays to the end")
     sparse_progress: Optional[float] = Field(
         None, gt=0, le=1, description="exchange auto: progress of a sparse step relative to a dense one, for every sparse "
-        "exchange; default: each exchange's own, measured (shared-index 0.65, allgather and sparse-rs 0.79: "
+        "exchange; default: each exchange's own, measured (shared-index 0.65, allgather and sparse-rs 0.88: "
         "docs/RESULTS.md). Sparse only where the step per unit of progress is shorter")
 
 

@@ -149,6 +149,7 @@ def test_ring_topks_exact_tail_is_priced_as_the_hook_runs_it():
     at 100 Mbit/s shared-index gives way to allgather there. Steps before the tail run at the
     main step and progress, the rest at the tail's (hand-computed below); a run that reaches the
     target before the tail, or whose length is not given, is priced as before."""
+    from ringps.comm.exchanges import EXCHANGES
     from ringps.sim.predict import time_to_accuracy
 
     w = load_workload("facenet")
@@ -158,17 +159,18 @@ def test_ring_topks_exact_tail_is_priced_as_the_hook_runs_it():
     long = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, total_steps=1000), p, steps=8)
     short = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, total_steps=100), p, steps=8)
     assert "tail" not in plain.extra and long.extra["tail_from_step"] == 600 and short.extra["tail_from_step"] == 60
-    assert plain.extra["sparse_progress"] == 0.65 and short.extra["tail"]["sparse_progress"] == 0.79  # allgather
+    ag = EXCHANGES.get("allgather").progress  # every rank's own k (0.88)
+    assert plain.extra["sparse_progress"] == 0.65 and short.extra["tail"]["sparse_progress"] == ag
     tail = short.extra["tail"]
     assert tail["bytes_per_step"] > 1.5 * short.bytes_per_step and tail["step_s"] > short.step_s
     # 60 dense steps need 92.3 at shared-index's 0.65: past the tail's start at 100 steps
     assert long.extra["time_to_accuracy_s"] == pytest.approx(plain.extra["time_to_accuracy_s"]) == pytest.approx(
         60 / 0.65 * plain.step_s)
-    assert short.extra["time_to_accuracy_s"] == pytest.approx(60 * short.step_s + (60 - 60 * 0.65) / 0.79 * tail["step_s"])
+    assert short.extra["time_to_accuracy_s"] == pytest.approx(60 * short.step_s + (60 - 60 * 0.65) / ag * tail["step_s"])
     # a progress file that names ring-topk's factor (measured on its main exchange) moves it in the
     # tail by the exchanges' ratio
     named = Progress(dense_steps=60, workers_ref=4, factor={"ring-topk": 0.5})
-    assert time_to_accuracy(short, w, named) == pytest.approx(60 * short.step_s + (60 - 30) / (0.5 * 0.79 / 0.65) * tail["step_s"])
+    assert time_to_accuracy(short, w, named) == pytest.approx(60 * short.step_s + (60 - 30) / (0.5 * ag / 0.65) * tail["step_s"])
     # no tail: exact_tail 0
     assert "tail" not in simulate("ring-topk", w, c, Options(total_steps=100, exact_tail=0.0), p, steps=4).extra
 

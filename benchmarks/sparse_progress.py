@@ -1,0 +1,89 @@
+"""The progress of a step through the sparse exchanges that send every rank's own top k
+(allgather, sparse-rs, gloo-allgather), fitted from runs stopped at the target.
+
+Each run that sent at least `--min-share` of its buckets through them is paired with the
+allreduce run of the same seed in the same setting; its factor is allreduce's steps to the target
+over its own, with the buckets it sent otherwise (dense, shared-index) taken at a dense step's
+progress, as `ringps simulate --calibrate` does (sim/progress_fit.py): r = 1 - (1 - r) / share.
+The median over every run is `Exchange.progress` of the three (comm/exchanges/): one update,
+every rank's own k summed, whatever moves it.
+
+    .venv/bin/python benchmarks/sparse_progress.py            # the shipped value's sources
+    .venv/bin/python benchmarks/sparse_progress.py R.json ...  # other run_matrix results files
+
+Reads results.json files written by benchmarks' run_matrix (every contender's runs, in seed order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [  # every sitting on facenet / ORL whose runs stopped at 90% and sent their own top k
+    "docs/results/ring-topk-1gbit-30b/results.json",  # 4 workers, 1 Gbit/s: ring-topk and topk-allgather
+    "docs/results/ring-topk-hetero-30/results.json",  # 4 workers, 100 Mbit/s, slowdown 1,1,2,4
+    "docs/results/auto-pick-1207-4/results.json",  # 2-4 workers, 1 Gbit/s and unshaped, 4 seeds
+]
+OWN_K = ("allgather", "sparse-rs", "gloo-allgather")
+
+
+def own_k_share(run: dict) -> float:
+    """The share of rank 0's bucket exchanges that sent every rank's own top k."""
+    chosen = ((run.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
+    total = sum(chosen.values())
+    return sum(v for k, v in chosen.items() if k in OWN_K) / total if total else 0.0
+
+
+def factors(path: Path, min_share: float) -> list[tuple[str, str, int, float, float, float]]:
+    """(setting, contender, seed, share, raw ratio, factor) of every qualifying run in one file."""
+    out = []
+    for setting, contenders in json.loads(path.read_text()).items():
+        dense = contenders.get("allreduce") or []
+        for name, runs in contenders.items():
+            for seed, run in enumerate(runs):
+                share = own_k_share(run)
+                if share < min_share or seed >= len(dense) or not (run.get("time_to_accuracy_s") and
+                                                                  dense[seed].get("time_to_accuracy_s")):
+                    continue  # not sparse enough, no allreduce of its seed, or one of them missed the target
+                r = dense[seed]["steps"] / run["steps"]
+                out.append((setting, name, seed, share, r, 1 - (1 - r) / share))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="*", help="run_matrix results.json files (default: the shipped value's sources)")
+    ap.add_argument("--min-share", type=float, default=0.8, help="least share of buckets sent as every rank's own k")
+    args = ap.parse_args(argv)
+    paths = [Path(p) for p in args.results] or [ROOT / s for s in SOURCES]
+    rows = []
+    for p in paths:
+        if not p.is_file():
+            print(f"sparse_progress: no results file {p}: give run_matrix results.json files", file=sys.stderr)
+            return 2
+        rows += [(p.parent.name, *r) for r in factors(p, args.min_share)]
+    if not rows:
+        print("sparse_progress: no run sent its own top k on enough buckets beside an allreduce run of its seed",
+              file=sys.stderr)
+        return 1
+    t = Table("sitting", "setting", "contender", "seed", "own-k share", "allreduce / its steps", "factor")
+    for src, setting, name, seed, share, r, f in rows:
+        t.add_row(src, setting, name, str(seed), f"{share:.0%}", f"{r:.3f}", f"{f:.3f}")
+    console = Console(width=140)
+    console.print(t)
+    fs = [r[-1] for r in rows]
+    q = statistics.quantiles(fs, n=4) if len(fs) > 1 else [fs[0]] * 3
+    console.print(f"progress of a sparse step (every rank's own k) against a dense one: median {statistics.median(fs):.3f} "
+                  f"over {len(fs)} runs (quartiles {q[0]:.3f} / {q[2]:.3f}, range {min(fs):.3f}-{max(fs):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
