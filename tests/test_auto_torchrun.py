@@ -31,14 +31,14 @@ def test_the_group_prices_its_measured_links_and_its_hosts(tmp_path):
     cal.write_text("compute_a: 1.0\n")
     cfg = load_config(None, {**JOB, "workers": 8, "servers": 2, "auto_calibration": str(cal)})
     slow = (2e-4, 100e6 / 8)
-    choices, c, measured, _ = auto_choices(cfg, links=slow, nodes=4, gpu=False)
+    choices, c, measured, _, _ = auto_choices(cfg, links=slow, nodes=4, gpu=False)
     assert measured is None and c.workers == 8 and c.efficiency == 1.0 and c.latency_s == 2e-4
     assert c.bw == pytest.approx(100e6 / 8) and c.shared_cores == 4 * cores()
     ps = [ch for ch in choices if ch.strategy.startswith("ps-")]
     assert ps and {ch.prediction.workers for ch in ps} == {6}  # 2 of the 8 ranks serve
     assert {ch.prediction.workers for ch in choices if ch not in ps} == {8}
     assert choices[0].strategy == "ring-topk"
-    gpu_choices, gpu_c, _, _ = auto_choices(cfg, links=slow, nodes=4, gpu=True)
+    gpu_choices, gpu_c, _, _, _ = auto_choices(cfg, links=slow, nodes=4, gpu=True)
     assert gpu_c.shared_cores is None and not [ch for ch in gpu_choices if ch.strategy.startswith("ps-")]
     fast, plan = _choose(cfg, (5e-5, 100e9 / 8), 4, True)
     assert plan["links"]["bandwidth_bytes_s"] == 100e9 / 8 and plan["cluster"]["workers"] == 8

@@ -73,7 +73,7 @@ def run_auto(args: argparse.Namespace) -> int:
                "servers": args.servers, "net": None if args.net in (None, "loopback") else args.net, "threads": args.threads,
                "slowdown": args.slowdown, "auto_calibration": args.calibration, "strategy": "auto",
                "sparse_progress": args.sparse_progress}
-        choices, c, measured, w = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}),
+        choices, c, measured, w, _ = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}),
                                                "--calibration")
     else:
         w = load_workload(args.profile or args.model)

@@ -71,12 +71,13 @@ def under_torchrun() -> bool:
 
 
 def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[tuple[float, float]] = None,
-                 nodes: int = 1, gpu: bool = False) -> tuple[list, Any, Optional[Any], Any]:
+                 nodes: int = 1, gpu: bool = False) -> tuple[list, Any, Optional[Any], Any, Optional[Any]]:
     """Every candidate strategy for this job, fastest predicted first (ringps/sim/auto.py), with
-    the cluster it priced, the step it measured here (None: a calibration file priced it) and the
-    workload profile; `flag`: the calibration file's flag, for its errors. Locally the cluster is
-    this machine's emulated one; under torchrun (`links`: the group's measured latency and
-    bandwidth, launch/auto_group.py) `nodes` hosts of this one's kind (`gpu`: a device per rank)."""
+    the cluster it priced, the step it measured here (None: a calibration file priced it), the
+    workload profile and the selection's per-element costs measured here (None: none measured);
+    `flag`: the calibration file's flag, for its errors. Locally the cluster is this machine's
+    emulated one; under torchrun (`links`: the group's measured latency and bandwidth,
+    launch/auto_group.py) `nodes` hosts of this one's kind (`gpu`: a device per rank)."""
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
@@ -105,11 +106,30 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     per_epoch = steps_per_epoch(w.samples, cfg.run.workers, cfg.data.batch_size) if w.samples else None
     total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
     base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail, sparse_progress=cfg.compress.sparse_progress)
+    sel = selection_costs(gpu)
     # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
-    return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=not gpu), c, measured, w
+    return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=not gpu, selection_cpu=sel), c, measured, w, sel
 
 
-def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: Any) -> tuple[Config, dict[str, Any]]:
+def selection_costs(gpu: bool) -> Optional[Any]:
+    """The per-element costs ring-topk's hook measures at its start and prices its exchanges with
+    (`comm.probe.calibrate_cpu`: selection, scatter-adds, passes), measured the same way here, on
+    the device the job computes on. The validation grid predicted ring-topk's steps with its runs'
+    recorded ones (within -9..+3%); CostParams's defaults, which priced auto before, charged a
+    sparse step at 2 workers ~50 ms of selection the runs did not spend (docs/RESULTS.md §6).
+    None on a GPU job planned where there is no GPU (the profile's kernels price it)."""
+    import torch
+
+    from ringps.comm.probe import calibrate_cpu
+    from ringps.cost import CostParams
+
+    if gpu and not torch.cuda.is_available():
+        return None
+    return CostParams(**calibrate_cpu(device=torch.device("cuda", torch.cuda.current_device()) if gpu else None))
+
+
+def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: Any,
+              sel: Optional[Any] = None) -> tuple[Config, dict[str, Any]]:
     """The ranking's pick as the job's new config, and the plan that chose it (auto-plan.json)."""
     from ringps.config import validate
     from ringps.sim.auto import reasons
@@ -119,6 +139,7 @@ def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: An
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})
     plan = {"chosen": best.label(), "reasons": reasons(choices), "cluster": c.model_dump(),
             "measured_step": None if measured is None else {**asdict(measured), "step_s": measured.step_s, "profile_compute_s": w.compute_s},
+            "selection_costs": None if sel is None else {k: v for k, v in sel.as_dict().items() if k.endswith("_s")},
             "ranking": [{"strategy": ch.label(), "time_to_accuracy_s": ch.prediction.extra.get("time_to_accuracy_s"),
                          "step_s": ch.prediction.step_s} for ch in choices]}
     return validate(flat), plan

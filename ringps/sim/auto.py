@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from ringps.cost import CostParams
 from ringps.sim.cluster import ClusterSpec
 from ringps.sim.engine import Options, Prediction
 from ringps.sim.predict import Progress, simulate
@@ -27,6 +28,10 @@ CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("ps-async", {}), ("ps-stale-lr", {}), ("ps-vsgd", {}),
     *[("ps-threshold", {"staleness_threshold": t}) for t in (None, 2)],
 ]
+
+# the strategies whose exchanges select top-k entries, priced per element (ringps.cost): with
+# CostParams's defaults an uncalibrated host's, with `rank`'s selection_cpu the hosts' measured ones
+SELECTING = ("ring-topk", "topk-allgather")
 
 
 @dataclass
@@ -46,10 +51,14 @@ class Choice:
 
 
 def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Optional[Options] = None,
-         ps_cluster: Optional[ClusterSpec] = None, with_ps: bool = True) -> list[Choice]:
+         ps_cluster: Optional[ClusterSpec] = None, with_ps: bool = True,
+         selection_cpu: Optional[CostParams] = None) -> list[Choice]:
     """Every candidate, fastest predicted time-to-accuracy first; `ps_cluster`: the cluster as a
     parameter-server worker computes on it (calibration fits its compute apart; under torchrun
-    fewer workers, the servers among the ranks), default `c`; `with_ps`: the parameter servers too."""
+    fewer workers, the servers among the ranks), default `c`; `with_ps`: the parameter servers too;
+    `selection_cpu`: the per-element costs ring-topk's hook will measure on these hosts
+    (`comm.probe.calibrate_cpu`), which price the selecting strategies' exchanges as the hook
+    itself prices them (the rest keep `base`'s)."""
     base = base or Options()
     out = []
     for strategy, settings in CANDIDATES:
@@ -57,6 +66,8 @@ def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Opt
         if strategy.startswith("ps-") and (on.workers < 2 or not with_ps):
             continue
         o = replace(base, **settings)
+        if selection_cpu is not None and strategy in SELECTING:
+            o = replace(o, cpu=selection_cpu)
         out.append(Choice(strategy, settings, simulate(strategy, w, on, o, prog, steps=steps)))
     return sorted(out, key=lambda ch: (ch.tta, ch.prediction.step_s))
 
