@@ -4,7 +4,7 @@
 Each run that sent at least `--min-share` of its buckets through them is paired with the
 allreduce run of the same seed in the same setting; its factor is allreduce's steps to the target
 over its own, with the buckets it sent otherwise (dense, shared-index) taken at a dense step's
-progress, as `ringps simulate --calibrate` does (sim/progress_fit.py): r = 1 - (1 - r) / share.
+progress, as `ringps simulate --calibrate` does (sim/progress_fit.sparse_factor): r = 1 - (1 - r) / share.
 The median over every run is `Exchange.progress` of the three (comm/exchanges/): one update,
 every rank's own k summed, whatever moves it.
 
@@ -25,6 +25,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ringps.sim.calibrate import sparse_share
+from ringps.sim.progress_fit import sparse_factor
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [  # every sitting on facenet / ORL whose runs stopped at 90% and sent their own top k
     "docs/results/ring-topk-1gbit-30b/results.json",  # 4 workers, 1 Gbit/s: ring-topk and topk-allgather
@@ -34,13 +37,6 @@ SOURCES = [  # every sitting on facenet / ORL whose runs stopped at 90% and sent
 OWN_K = ("allgather", "sparse-rs", "gloo-allgather")
 
 
-def own_k_share(run: dict) -> float:
-    """The share of rank 0's bucket exchanges that sent every rank's own top k."""
-    chosen = ((run.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
-    total = sum(chosen.values())
-    return sum(v for k, v in chosen.items() if k in OWN_K) / total if total else 0.0
-
-
 def factors(path: Path, min_share: float) -> list[tuple[str, str, int, float, float, float]]:
     """(setting, contender, seed, share, raw ratio, factor) of every qualifying run in one file."""
     out = []
@@ -48,12 +44,12 @@ def factors(path: Path, min_share: float) -> list[tuple[str, str, int, float, fl
         dense = contenders.get("allreduce") or []
         for name, runs in contenders.items():
             for seed, run in enumerate(runs):
-                share = own_k_share(run)
+                share = sparse_share(run, OWN_K) or 0.0
                 if share < min_share or seed >= len(dense) or not (run.get("time_to_accuracy_s") and
                                                                   dense[seed].get("time_to_accuracy_s")):
                     continue  # not sparse enough, no allreduce of its seed, or one of them missed the target
                 r = dense[seed]["steps"] / run["steps"]
-                out.append((setting, name, seed, share, r, 1 - (1 - r) / share))
+                out.append((setting, name, seed, share, r, sparse_factor(r, share)))
     return out
 
 

@@ -214,11 +214,13 @@ def fit_shares(runs: list[Measured]) -> tuple[Optional[float], Optional[float]]:
     return tuple(round(statistics.median(x), 4) for x in zip(*shares))
 
 
-def sparse_share(summary: dict) -> Optional[float]:
-    """The share of ring-topk's bucket exchanges its cost model sent sparse (None: no record)."""
+def sparse_share(summary: dict, names: Optional[tuple[str, ...]] = None) -> Optional[float]:
+    """The share of ring-topk's bucket exchanges its cost model sent sparse, or by one of `names`
+    (None: no record)."""
     chosen = ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
     total = sum(chosen.values())
-    return sum(v for k, v in chosen.items() if not EXCHANGES.get(k).whole) / total if total else None
+    counted = (lambda k: k in names) if names is not None else (lambda k: not EXCHANGES.get(k).whole)
+    return sum(v for k, v in chosen.items() if counted(k)) / total if total else None
 
 
 def plain(runs: list[Measured]) -> dict[str, list[Measured]]:

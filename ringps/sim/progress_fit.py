@@ -35,13 +35,19 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
             if tail is not None and m.steps_to_target > tail:  # reached in ring-topk's exact tail: two
                 continue  # exchanges' progress mixed (predict.py weighs them apart)
             r, share = base / m.steps_to_target, m.extra.get("sparse_share")
-            if share is not None:  # a sparse step's factor: r = 1 - share x (1 - factor), the
-                # dense remainder taken at allreduce's progress (predict.py gives a 16-bit one fp16's)
+            if share is not None:
                 if share < 0.5:  # mostly dense: says little about a sparse step
                     continue
-                r = 1 - (1 - r) / share
+                r = sparse_factor(r, share)
             ratios.setdefault(strategy, []).append(r)
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
+
+
+def sparse_factor(ratio: float, share: float) -> float:
+    """A sparse step's progress from a run's (allreduce's steps over its own) that sent `share` of
+    its buckets sparse: ratio = 1 - share x (1 - factor), the dense remainder taken at allreduce's
+    progress (predict.py gives a 16-bit one fp16's)."""
+    return 1 - (1 - ratio) / share
 
 
 def fit_staleness(runs: list[Measured], form: str = "linear") -> Optional[float]:
