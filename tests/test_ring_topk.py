@@ -10,6 +10,7 @@ from conftest import run_ranks
 from helpers import batches, config, context
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ringps.comm.exchanges import progress_of
 from ringps.hooks import RingTopkState, ring_topk_hook
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES
@@ -34,19 +35,27 @@ def train(rank, world, steps):
         losses = [s.step(b).loss for b in batches(steps, 16, seed=10 + rank)]
         s.close()
         out[exchange] = (torch.cat([p.detach().flatten() for p in model.parameters()]), losses,
-                         dict(s.hook_state.chosen))
+                         dict(s.hook_state.chosen), s.summary()["decisions"])
     return out
 
 
 def test_replicas_bitwise_identical_and_training_works():
     res = run_ranks(train, 3, (25,))
     for exchange in EXCHANGES:
-        flat0, losses, chosen = res[0][exchange]
+        flat0, losses, chosen, decisions = res[0][exchange]
         for r in res[1:]:
             assert torch.equal(r[exchange][0], flat0), exchange
+            assert r[exchange][3] == decisions  # one plan on every rank
         assert sum(losses[-5:]) < 0.8 * sum(losses[:5]), (exchange, losses)
         if exchange != "auto":
-            assert set(chosen) == {exchange}
+            assert set(chosen) == {exchange} and decisions == []
+    # auto's record in the run folder: every bucket's pick is the cheapest per unit of progress
+    decisions = res[0]["auto"][3]
+    assert decisions and {d["chosen"] for d in decisions} <= set(res[0]["auto"][2])
+    for d in decisions:
+        assert d["entries"] == sum(d["sizes"]) and 0 < d["k"] < d["entries"] and d["overlap_s"] >= 0
+        per_progress = {c: (d["compute_share_s"] + t) / progress_of(c) for c, t in d["priced_s"].items()}
+        assert per_progress[d["chosen"]] == pytest.approx(min(per_progress.values()), abs=1e-5), d
 
 
 class Linear(nn.Module):

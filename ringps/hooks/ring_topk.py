@@ -122,7 +122,8 @@ class RingTopkState(BucketWork):
         # statistics
         self.meter = PayloadMeter()
         self.chosen: dict[str, int] = {}
-        self.decisions: dict[tuple, tuple[str, dict]] = {}  # bucket signature -> (choice, costs) at the final density
+        # bucket signature -> (choice, costs, overlap seconds it weighed) at the final density
+        self.decisions: dict[tuple, tuple[str, dict, float]] = {}
         self._ready = False
         self.device = torch.device("cpu")  # the gradients' device, known at first use
         self._steps: list[float] = []  # per step: its wall time less the hook's own time (compute)
@@ -220,11 +221,22 @@ class RingTopkState(BucketWork):
         """One line per bucket: what `exchange` chose at the final density and why (the priced
         time per step of each candidate, with sparse divided by its progress)."""
         lines = []
-        for (sizes, k), (name, costs) in self.decisions.items():
+        for (sizes, k), (name, costs, _) in self.decisions.items():
             priced = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in sorted(costs.items(), key=lambda x: x[1]))
             lines.append(f"bucket of {sum(sizes):,} entries in {len(sizes)} tensors, k={k:,}: {name} ({priced})")
         bw = f"{self.cost.bandwidth * 8 / 1e6:,.0f} Mbit/s" if self.cost else "not measured yet"
         return f"links {bw}; " + ("; ".join(lines) if lines else "no bucket planned yet")
+
+    def priced(self) -> list[dict[str, Any]]:
+        """summary()'s decisions as data (the run folder's rank summaries): per bucket layout at
+        the final density, what auto chose and every candidate's priced seconds per step (exposed
+        communication; sparse ones before the division by their progress), with the overlap and
+        the compute share it weighed them with."""
+        share = (self.compute_s or 0.0) / self.model_numel if self.model_numel else 0.0
+        return [{"sizes": list(sizes), "entries": sum(sizes), "k": k, "chosen": name,
+                 "overlap_s": round(overlap, 6), "compute_share_s": round(share * sum(sizes), 6),
+                 "priced_s": {c: round(t, 6) for c, t in sorted(costs.items(), key=lambda x: x[1])}}
+                for (sizes, k), (name, costs, overlap) in self.decisions.items()]
 
     @property
     def ring(self) -> Ring:
@@ -336,7 +348,7 @@ class RingTopkState(BucketWork):
             self.plans[(sizes, k, tail)] = self.choose(sizes, k, overlap_s, faithful_candidates() if tail else None)[0]
             final = sum(self.schedule.k(n, 1 << 62) for n in sizes)
             if (sizes, final) not in self.decisions:  # what it will do once warmed up, for summary()
-                self.decisions[(sizes, final)] = self.choose(sizes, final, overlap_s)
+                self.decisions[(sizes, final)] = (*self.choose(sizes, final, overlap_s), overlap_s)
         return self.plans[(sizes, k, tail)]
 
     def exchange(self, name: str) -> Exchange:

@@ -79,7 +79,8 @@ class RingTopk(DDPStrategy):
     def summary(self) -> dict[str, Any]:
         s: RingTopkState = self.hook_state
         return {"exchanges_chosen": dict(s.chosen), "payload_sent": dict(s.meter.sent),
-                "cost_params": s.cost.as_dict() if s.cost else None, "compute_s": s.compute_s, "sparse_progress": s.progress}
+                "cost_params": s.cost.as_dict() if s.cost else None, "compute_s": s.compute_s, "sparse_progress": s.progress,
+                "decisions": s.priced()}
 
     def close(self) -> None:
         self.hook_state.close()
