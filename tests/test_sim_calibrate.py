@@ -8,6 +8,9 @@ import math
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from helpers import finished_run
@@ -134,7 +137,7 @@ def test_an_older_calibrations_cpu_for_what_the_model_now_itemises_is_replaced(t
 
 def test_auto_without_a_calibration_times_the_jobs_step_here():
     """Without a calibration file auto times the job's own step on this machine (its model, batch,
-    loss and optimizer, in a process of its own) and prices the profile by it: the profile times
+    loss and optimizer, in processes of their own, as many at once as the job's) and prices the profile by it: the profile times
     only the layers that own parameters, and the machine's speed is the one the job will see."""
     from ringps.config import load_config
     from ringps.cost import cores
@@ -147,8 +150,11 @@ def test_auto_without_a_calibration_times_the_jobs_step_here():
     assert m["steps"] == 6 and m["compute_s"] > 0 and m["optimizer_s"] > 0
     profile = load_workload("facenet").compute_s
     assert m["profile_compute_s"] == pytest.approx(profile)
-    # every layer priced at the measured whole step over the profile's, the cores shared as in a run
-    assert plan["cluster"]["compute_scale"] == pytest.approx((m["compute_s"] + m["optimizer_s"]) / profile)
+    # timed by the job's 4 processes at once (2 cores here: the cap is twice the cores), every layer
+    # priced at the measured whole step per whole core over the profile's, the cores shared as in a run
+    assert m["processes"] == min(4, 2 * cores())
+    per_core = (m["compute_s"] + m["optimizer_s"]) / max(1.0, m["processes"] / cores())
+    assert plan["cluster"]["compute_scale"] == pytest.approx(per_core / profile)
     assert plan["cluster"]["shared_cores"] == cores()
     assert plan["ranking"][0]["strategy"] == plan["chosen"] and cfg.strategy.strategy == plan["chosen"].split(" ")[0]
     # ring-topk priced with the selection costs its hook will measure, measured here and recorded
@@ -186,13 +192,29 @@ def test_measuring_the_step_fails_in_one_line_and_leaves_no_process(tmp_path):
 
     cfg = load_config(None, {"model": "facenet", "dataset": "orl-faces", "workers": 2})
     with pytest.raises(RingpsError, match=r"took longer than 0\.5s; give --auto-calibration FILE"):
-        measure_step(cfg, timeout=0.5)
+        measure_step(cfg, timeout=0.5, processes=2)
     bad = load_config(None, {"model": "mlp", "dataset": f"folder:{tmp_path / 'none'}", "workers": 2})
     with pytest.raises(RingpsError, match="needs at least two subfolders") as e:  # the job's own error
         measure_step(bad)
     assert "\n" not in str(e.value) and e.value.exit_code == 2
     left = subprocess.run(["pgrep", "-f", "ringps.launch.measure"], capture_output=True, text=True).stdout.split()
     assert left == []
+    assert not list(Path(tempfile.gettempdir()).glob("ringps-measure-*"))  # its job file and barrier folder
+
+
+def test_the_step_is_timed_by_the_processes_that_will_share_the_cores(tmp_path):
+    """processes=2: both time their steps at once (the barrier lines them up) and the medians of
+    both come back; a barrier whose other parties never arrive lets the one that did go on at its
+    deadline rather than hang."""
+    from ringps.config import load_config
+    from ringps.launch.measure import _barrier, measure_step
+
+    cfg = load_config(None, {"model": "mlp", "dataset": "orl-faces", "workers": 2})
+    m = measure_step(cfg, steps=3, processes=2)
+    assert m.processes == 2 and m.steps == 3 and m.compute_s > 0 and m.optimizer_s > 0
+    t0 = time.time()
+    _barrier(str(tmp_path), 2, t0 + 0.3)
+    assert 0.3 <= time.time() - t0 < 5 and len(list(tmp_path.iterdir())) == 1
 
 
 def test_compute_per_core_comes_from_the_loopback_runs_where_there_are_any():

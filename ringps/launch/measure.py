@@ -10,16 +10,25 @@ for a communication-bound one and picks compression where 16-bit DDP is faster (
 in a process of its own (the workers' threads and allocator settings; the launcher's stay
 untouched), on its real batches. It takes ~8 s; its ratio to the profile's compute prices every
 layer of the simulation.
+
+Where the job's workers share this machine's cores, as many processes as will share them time the
+step at once (a file barrier lines their timed steps up): 4 processes on 2 cores here compute a
+step in 0.34-0.36 s, not the 0.28 s that one process's 0.14 s shared fairly gives (the cores'
+caches and memory bandwidth are shared too), and a plan priced on one process alone predicted
+the runs' times 0.69-0.95x (docs/RESULTS.md §6).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ringps.errors import RingpsError, first_line
@@ -27,18 +36,28 @@ from ringps.errors import RingpsError, first_line
 
 @dataclass(frozen=True)
 class StepCost:
-    """Medians over the measured steps of one process alone on this machine, seconds."""
+    """Medians over the measured steps of `processes` processes computing at once on this
+    machine (of each one's median), seconds."""
 
     compute_s: float  # forward, loss and backward
     optimizer_s: float  # the optimizer's step (a parameter server's worker leaves it to the servers)
     steps: int
+    processes: int = 1
 
     @property
     def step_s(self) -> float:
         return self.compute_s + self.optimizer_s
 
 
-def _measure(cfg_dict: dict[str, Any], steps: int) -> tuple[float, float]:  # in the child process
+def _barrier(folder: str, parties: int, deadline: float) -> None:
+    """Wait until `parties` processes have arrived in `folder`, or `deadline` (time.time) has
+    passed: then time the step anyway, less contended, rather than hang."""
+    Path(folder, str(os.getpid())).touch()
+    while len(os.listdir(folder)) < parties and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None) -> tuple[float, float]:  # in the child
     import torch
 
     from ringps.config import validate
@@ -62,6 +81,8 @@ def _measure(cfg_dict: dict[str, Any], steps: int) -> tuple[float, float]:  # in
     model.to(device).train()
     optimizer = build_optimizer(model.parameters(), cfg)
     sync = torch.cuda.synchronize if gpu else (lambda: None)
+    if barrier:
+        _barrier(*barrier)
     times: list[tuple[float, float]] = []
     epoch = 0
     while len(times) <= steps:  # the first step warms the allocator and caches up: dropped
@@ -80,32 +101,58 @@ def _measure(cfg_dict: dict[str, Any], steps: int) -> tuple[float, float]:  # in
     return statistics.median(a for a, _ in times[1:]), statistics.median(b for _, b in times[1:])
 
 
-def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0) -> StepCost:
-    """The job's step on this machine (see the module's docstring), in a process of its own; a
-    RingpsError of one line when that process fails or takes longer than `timeout` seconds."""
-    job = json.dumps({"config": cfg.model_dump(mode="json"), "steps": steps})
-    try:
-        done = subprocess.run([sys.executable, "-m", "ringps.launch.measure"], input=job, capture_output=True,
-                              text=True, timeout=timeout)  # killed when the time is up
-    except subprocess.TimeoutExpired:
-        raise RingpsError(f"--strategy auto: measuring {steps} steps of {cfg.model.model} on this machine took longer "
-                          f"than {timeout:g}s; give --auto-calibration FILE, or name a strategy") from None
-    lines = done.stdout.strip().splitlines()
+def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0, processes: int = 1) -> StepCost:
+    """The job's step on this machine (see the module's docstring), `processes` processes timing it
+    at once; a RingpsError of one line when one fails or they take longer than `timeout` seconds
+    (none is left running)."""
+    with tempfile.TemporaryDirectory(prefix="ringps-measure-") as folder:
+        arrived = Path(folder, "arrived")
+        arrived.mkdir()
+        # arrivals wait for the rest at most until half the time is up
+        barrier = (str(arrived), processes, time.time() + timeout / 2) if processes > 1 else None
+        job = Path(folder, "job.json")
+        job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "steps": steps, "barrier": barrier}))
+        procs = [subprocess.Popen([sys.executable, "-m", "ringps.launch.measure", str(job)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+        end = time.time() + timeout
+        try:
+            done = [_wait(p, end) for p in procs]
+        except subprocess.TimeoutExpired:
+            raise RingpsError(f"--strategy auto: measuring {steps} steps of {cfg.model.model} on this machine took longer "
+                              f"than {timeout:g}s; give --auto-calibration FILE, or name a strategy") from None
+        finally:
+            for p in procs:  # none outlives the measurement (the time is up, or one failed)
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+    outs = [_result(*d) for d in done]
+    return StepCost(compute_s=statistics.median(o["compute_s"] for o in outs),
+                    optimizer_s=statistics.median(o["optimizer_s"] for o in outs), steps=steps, processes=processes)
+
+
+def _wait(p: subprocess.Popen, end: float) -> tuple[int, str, str]:
+    out, err = p.communicate(timeout=max(0.0, end - time.time()))
+    return p.returncode, out, err
+
+
+def _result(returncode: int, stdout: str, stderr: str) -> dict[str, float]:
+    """One measuring process's times, or the one-line error it ended with."""
+    lines = stdout.strip().splitlines()
     out = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
     if "error" in out:  # the job's own input (its data, its model): the error the job would have given
         err = RingpsError(out["error"])
         err.exit_code = out["exit_code"]
         raise err
-    if done.returncode != 0 or "compute_s" not in out:
-        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    if returncode != 0 or "compute_s" not in out:
+        why = (stderr.strip().splitlines() or [f"exit code {returncode}"])[-1]
         raise RingpsError(f"--strategy auto: measuring the job's step on this machine failed: {why}")
-    return StepCost(compute_s=out["compute_s"], optimizer_s=out["optimizer_s"], steps=steps)
+    return out
 
 
-if __name__ == "__main__":  # python -m ringps.launch.measure < {"config": ..., "steps": N}
-    req = json.loads(sys.stdin.read())
+if __name__ == "__main__":  # python -m ringps.launch.measure JOB.json ({"config": ..., "steps": N, "barrier": ...})
+    req = json.loads(Path(sys.argv[1]).read_text())
     try:
-        c, o = _measure(req["config"], req["steps"])
+        c, o = _measure(req["config"], req["steps"], req.get("barrier"))
     except RingpsError as e:
         print(json.dumps({"error": first_line(e), "exit_code": e.exit_code}))
     else:

@@ -78,6 +78,7 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     `flag`: the calibration file's flag, for its errors. Locally the cluster is this machine's
     emulated one; under torchrun (`links`: the group's measured latency and bandwidth,
     launch/auto_group.py) `nodes` hosts of this one's kind (`gpu`: a device per rank)."""
+    from ringps.cost import contention, cores
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
@@ -91,9 +92,13 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     servers, net = cfg.run.servers, cfg.run.net.split(",")[0] if cfg.run.net else None
     fitted, measured = fitted_from(prog), None
     if fitted is None:  # no calibration of this machine: the job's own step, timed here, prices the profile
-        measured = measure_step(cfg)
-        fitted = Fitted(measured.step_s / w.compute_s, efficiency=prog.efficiency or 0.95,
-                        ps_compute_a=measured.compute_s / w.compute_s)
+        # by as many processes at once as will share a host's cores (at most twice the cores'
+        # count), per whole core as the cluster's shared cores take it
+        local = 1 if gpu else min(-(-cfg.run.workers // nodes), 2 * cores())
+        measured = measure_step(cfg, processes=local)
+        per_core = 1.0 / contention(local) / w.compute_s  # the simulator shares cores among processes
+        fitted = Fitted(measured.step_s * per_core, efficiency=prog.efficiency or 0.95,
+                        ps_compute_a=measured.compute_s * per_core)
     if links is None:  # every process of the job on this machine's cores, as calibration models the runs
         c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
         ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
@@ -160,7 +165,7 @@ def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Option
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
     priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
-              f"{m['steps']} steps of one process)") if m else f" (priced by {cfg.strategy.auto_calibration})"
+              f"{m['steps']} steps of {m.get('processes', 1)} process{'es' if m.get('processes', 1) > 1 else ''} at once)") if m else f" (priced by {cfg.strategy.auto_calibration})"
     (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
 
 
