@@ -347,8 +347,10 @@ class RingTopkState(BucketWork):
         if (sizes, k, tail) not in self.plans:
             self.plans[(sizes, k, tail)] = self.choose(sizes, k, overlap_s, faithful_candidates() if tail else None)[0]
             final = sum(self.schedule.k(n, 1 << 62) for n in sizes)
-            if (sizes, final) not in self.decisions:  # what it will do once warmed up, for summary()
-                self.decisions[(sizes, final)] = (*self.choose(sizes, final, overlap_s), overlap_s)
+            # what it will do once warmed up, for summary(): one entry per bucket, whatever order
+            # DDP's rebuild puts its tensors in (the choice depends on their sizes, not their order)
+            if (tuple(sorted(sizes)), final) not in self.decisions:
+                self.decisions[(tuple(sorted(sizes)), final)] = (*self.choose(sizes, final, overlap_s), overlap_s)
         return self.plans[(sizes, k, tail)]
 
     def exchange(self, name: str) -> Exchange:
