@@ -218,12 +218,13 @@ class RingTopkState(BucketWork):
         return state
 
     def summary(self) -> str:
-        """One line per bucket: what `exchange` chose at the final density and why (the priced
-        time per step of each candidate, with sparse divided by its progress)."""
+        """One line per bucket of `priced()`: what `exchange` chose at the final density and why
+        (each candidate's priced exposed time per step)."""
         lines = []
-        for (sizes, k), (name, costs, _) in self.decisions.items():
-            priced = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in sorted(costs.items(), key=lambda x: x[1]))
-            lines.append(f"bucket of {sum(sizes):,} entries in {len(sizes)} tensors, k={k:,}: {name} ({priced})")
+        for d in self.priced():
+            priced = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in d["priced_s"].items())
+            lines.append(f"bucket of {d['entries']:,} entries in {len(d['sizes'])} tensors, k={d['k']:,}: "
+                         f"{d['chosen']} ({priced})")
         bw = f"{self.cost.bandwidth * 8 / 1e6:,.0f} Mbit/s" if self.cost else "not measured yet"
         return f"links {bw}; " + ("; ".join(lines) if lines else "no bucket planned yet")
 
@@ -349,8 +350,9 @@ class RingTopkState(BucketWork):
             final = sum(self.schedule.k(n, 1 << 62) for n in sizes)
             # what it will do once warmed up, for summary(): one entry per bucket, whatever order
             # DDP's rebuild puts its tensors in (the choice depends on their sizes, not their order)
-            if (tuple(sorted(sizes)), final) not in self.decisions:
-                self.decisions[(tuple(sorted(sizes)), final)] = (*self.choose(sizes, final, overlap_s), overlap_s)
+            key = (tuple(sorted(sizes)), final)
+            if key not in self.decisions:
+                self.decisions[key] = (*self.choose(sizes, final, overlap_s), overlap_s)
         return self.plans[(sizes, k, tail)]
 
     def exchange(self, name: str) -> Exchange:

@@ -8,8 +8,8 @@ are not in it, 58% of its forward here), never the optimizer's step. A job's ste
 for a communication-bound one and picks compression where 16-bit DDP is faster (docs/RESULTS.md
 §6). So the job's own step is timed: the model, batch size, loss and optimizer it will train with,
 in a process of its own (the workers' threads and allocator settings; the launcher's stay
-untouched), on its real batches. It takes ~8 s; its ratio to the profile's compute prices every
-layer of the simulation.
+untouched), on its real batches. It takes ~5 s (~10 s in 4 processes on 2 cores); its ratio to
+the profile's compute prices every layer of the simulation.
 
 Where the job's workers share this machine's cores, as many processes as will share them time the
 step at once (a file barrier lines their timed steps up): 4 processes on 2 cores here compute a

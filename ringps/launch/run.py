@@ -165,7 +165,7 @@ def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Option
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
     priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
-              f"{m['steps']} steps of {m.get('processes', 1)} process{'es' if m.get('processes', 1) > 1 else ''} at once)") if m else f" (priced by {cfg.strategy.auto_calibration})"
+              f"{m['steps']} steps of {m['processes']} process(es) at once)") if m else f" (priced by {cfg.strategy.auto_calibration})"
     (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
 
 
