@@ -8,7 +8,7 @@ are not in it, 58% of its forward here), never the optimizer's step. A job's ste
 for a communication-bound one and picks compression where 16-bit DDP is faster (docs/RESULTS.md
 §6). So the job's own step is timed: the model, batch size, loss and optimizer it will train with,
 in a process of its own (the workers' threads and allocator settings; the launcher's stay
-untouched), on its real batches. It takes ~5 s (~10 s in 4 processes on 2 cores); its ratio to
+untouched), on its real batches. It takes ~5 s (~15 s in 4 processes on 2 cores); its ratio to
 the profile's compute prices every layer of the simulation.
 
 Where the job's workers share this machine's cores, as many processes as will share them time the
@@ -16,6 +16,15 @@ step at once (a file barrier lines their timed steps up): 4 processes on 2 cores
 step in 0.34-0.36 s, not the 0.28 s that one process's 0.14 s shared fairly gives (the cores'
 caches and memory bandwidth are shared too), and a plan priced on one process alone predicted
 the runs' times 0.69-0.95x (docs/RESULTS.md §6).
+
+Those processes then time the same step as a synchronous job's worker takes it: the model in
+DDP, all-reducing over a gloo group of their own on loopback (a file store in the measurement's
+temp folder, no port opened). A synchronous step costs more than its compute on shared cores,
+~0.1 s here at 4 processes on 2 cores whatever the link (DDP's copies into its buckets, gloo's
+threads summing on the cores the backward needs, the last buckets' all-reduce after it), which a
+plan priced on the compute alone missed: its runs took 1.25-1.31x its prediction (docs/RESULTS.md
+§6). The simulator's compute is fitted to reproduce that loopback step (`sim.calibrate.fit_to_step`),
+so on a shaped link only the link's own time comes on top.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ringps.errors import RingpsError, first_line
 
@@ -43,6 +52,12 @@ class StepCost:
     optimizer_s: float  # the optimizer's step (a parameter server's worker leaves it to the servers)
     steps: int
     processes: int = 1
+    # the whole step of DDP's all-reduce among the processes on loopback (None: one process, or
+    # none time it): what a synchronous worker's step costs on this host before its link's time;
+    # its forward's and optimizer step's parts (the backward, with the collectives, is the rest)
+    sync_step_s: Optional[float] = None
+    sync_forward_s: Optional[float] = None
+    sync_optimizer_s: Optional[float] = None
 
     @property
     def step_s(self) -> float:
@@ -57,7 +72,7 @@ def _barrier(folder: str, parties: int, deadline: float) -> None:
         time.sleep(0.01)
 
 
-def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None) -> tuple[float, float]:  # in the child
+def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None, group: Any = None) -> dict[str, float]:  # in the child
     import torch
 
     from ringps.config import validate
@@ -83,22 +98,51 @@ def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None) -> tuple
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if barrier:
         _barrier(*barrier)
-    times: list[tuple[float, float]] = []
-    epoch = 0
-    while len(times) <= steps:  # the first step warms the allocator and caches up: dropped
-        for batch in loader.epoch(epoch):
+    def timed(module: torch.nn.Module) -> list[tuple[float, float, float]]:
+        """(forward, backward, optimizer) seconds of steps+1 steps, the first (which warms the
+        allocator and caches up) dropped."""
+        times: list[tuple[float, float, float]] = []
+        batches = (b for epoch in range(1 << 30) for b in loader.epoch(epoch))
+        while len(times) <= steps:
+            batch = next(batches)
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
-            loss_of(model, batch, device).backward()
+            loss = loss_of(module, batch, device)
             sync()
             t1 = time.perf_counter()
+            loss.backward()  # in DDP: with the all-reduce of its buckets, and waiting for the last
+            sync()
+            t2 = time.perf_counter()
             optimizer.step()
             sync()
-            times.append((t1 - t0, time.perf_counter() - t1))
-            if len(times) > steps:
-                break
-        epoch += 1
-    return statistics.median(a for a, _ in times[1:]), statistics.median(b for _, b in times[1:])
+            times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        return times[1:]
+
+    plain = timed(model)
+    out = {"compute_s": statistics.median(f + b for f, b, _ in plain), "optimizer_s": statistics.median(o for _, _, o in plain)}
+    if group:  # the same step as a synchronous worker's: DDP all-reducing among the processes
+        ddp = _in_ddp(model, cfg, group, timed)
+        out.update(sync_step_s=statistics.median(sum(t) for t in ddp), sync_forward_s=statistics.median(f for f, _, _ in ddp),
+                   sync_optimizer_s=statistics.median(o for _, _, o in ddp))
+    return out
+
+
+def _in_ddp(model: Any, cfg: Any, group: dict[str, Any], timed: Any) -> list[tuple[float, float, float]]:  # in the child
+    """`timed` steps of the model in DDP over a gloo group of the measuring processes on loopback
+    (a file store, no port), as `ringps train`'s DDP strategies wrap it; the group's waits end by
+    the measurement's deadline."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the processes' pairs on loopback, as ringps's local launcher keeps them
+    dist.init_process_group("gloo", init_method=f"file://{group['store']}", rank=group["rank"],
+                            world_size=group["world"], timeout=timedelta(seconds=max(1.0, group["deadline"] - time.time())))
+    ddp = DDP(model, bucket_cap_mb=cfg.strategy.bucket_cap_mb, gradient_as_bucket_view=True)
+    times = timed(ddp)
+    dist.barrier()  # every rank's collectives done before any leaves the group
+    return times
 
 
 def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0, processes: int = 1) -> StepCost:
@@ -110,10 +154,12 @@ def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0, processes: in
         arrived.mkdir()
         # arrivals wait for the rest at most until half the time is up
         barrier = (str(arrived), processes, time.time() + timeout / 2) if processes > 1 else None
+        # their DDP group's rendezvous (each process's rank is its argument), its waits bounded by the timeout
+        group = {"store": str(Path(folder, "store")), "world": processes, "deadline": time.time() + timeout} if processes > 1 else None
         job = Path(folder, "job.json")
-        job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "steps": steps, "barrier": barrier}))
-        procs = [subprocess.Popen([sys.executable, "-m", "ringps.launch.measure", str(job)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+        job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "steps": steps, "barrier": barrier, "group": group}))
+        procs = [subprocess.Popen([sys.executable, "-m", "ringps.launch.measure", str(job), str(r)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in range(processes)]
         end = time.time() + timeout
         try:
             done = [_wait(p, end) for p in procs]
@@ -126,8 +172,10 @@ def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0, processes: in
                     p.kill()
                     p.communicate()
     outs = [_result(*d) for d in done]
+    sync = {k: statistics.median(o[k] for o in outs) for k in ("sync_step_s", "sync_forward_s", "sync_optimizer_s")
+            if all(k in o for o in outs)}
     return StepCost(compute_s=statistics.median(o["compute_s"] for o in outs),
-                    optimizer_s=statistics.median(o["optimizer_s"] for o in outs), steps=steps, processes=processes)
+                    optimizer_s=statistics.median(o["optimizer_s"] for o in outs), steps=steps, processes=processes, **sync)
 
 
 def _wait(p: subprocess.Popen, end: float) -> tuple[int, str, str]:
@@ -149,11 +197,16 @@ def _result(returncode: int, stdout: str, stderr: str) -> dict[str, float]:
     return out
 
 
-if __name__ == "__main__":  # python -m ringps.launch.measure JOB.json ({"config": ..., "steps": N, "barrier": ...})
+if __name__ == "__main__":  # python -m ringps.launch.measure JOB.json RANK ({"config": ..., "steps": N, "barrier": ..., "group": ...})
     req = json.loads(Path(sys.argv[1]).read_text())
+    grp = req.get("group") and {**req["group"], "rank": int(sys.argv[2])}
     try:
-        c, o = _measure(req["config"], req["steps"], req.get("barrier"))
+        result = _measure(req["config"], req["steps"], req.get("barrier"), grp)
     except RingpsError as e:
-        print(json.dumps({"error": first_line(e), "exit_code": e.exit_code}))
-    else:
-        print(json.dumps({"compute_s": c, "optimizer_s": o}))
+        result = {"error": first_line(e), "exit_code": e.exit_code}
+    print(json.dumps(result))
+    # without the interpreter's teardown, which destroys gloo's threads in no set order and can
+    # abort a process whose result is written (launch/worker.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

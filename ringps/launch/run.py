@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -82,7 +82,7 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
-    from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
+    from ringps.sim.calibrate import Fitted, emulated_cluster, fit_to_step, fitted_from
     from ringps.sim.engine import Options
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
@@ -99,6 +99,12 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
         per_core = 1.0 / contention(local) / w.compute_s  # the simulator shares cores among processes
         fitted = Fitted(measured.step_s * per_core, efficiency=prog.efficiency or 0.95,
                         ps_compute_a=measured.compute_s * per_core)
+        if measured.sync_step_s:  # a synchronous worker's compute: what reproduces their DDP step on loopback,
+            # split as theirs was (the profile's own split leaves the optimizer out: more backward to hide behind)
+            m = measured
+            fitted = replace(fitted, forward_share=m.sync_forward_s / m.sync_step_s,
+                             optimizer_share=m.sync_optimizer_s / m.sync_step_s)
+            fitted = replace(fitted, compute_a=fit_to_step(m.sync_step_s, w, fitted, local, cfg.strategy.bucket_cap_mb))
     if links is None:  # every process of the job on this machine's cores, as calibration models the runs
         c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
         ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
@@ -164,8 +170,9 @@ def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Option
 
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
+    ddp = f", {m['sync_step_s']:.3f} s in DDP among them on loopback" if m and m.get("sync_step_s") else ""
     priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
-              f"{m['steps']} steps of {m['processes']} process(es) at once)") if m else f" (priced by {cfg.strategy.auto_calibration})"
+              f"{m['steps']} steps of {m['processes']} process(es) at once{ddp})") if m else f" (priced by {cfg.strategy.auto_calibration})"
     (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
 
 
