@@ -2,7 +2,7 @@
 
 Per cell of the emulated cluster (facenet on ORL, target 90%, runs stopped at the target), the
 contenders allreduce, fp16, PowerSGD, ring-topk and ps-async, and `--strategy auto` as a
-contender of its own: it times the job's step here (~8 s before the job starts, outside its
+contender of its own: it times the job's step here (~15 s before the job starts, outside its
 time-to-accuracy as every run's set-up is), prices the candidates with the simulator and its
 shipped progress model (no run of this grid feeds it), picks one and trains with it; the report
 also sets the time it predicted for its pick against its runs'. Per cell: auto's pick and its measured time against the best measured

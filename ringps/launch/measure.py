@@ -17,14 +17,15 @@ step in 0.34-0.36 s, not the 0.28 s that one process's 0.14 s shared fairly give
 caches and memory bandwidth are shared too), and a plan priced on one process alone predicted
 the runs' times 0.69-0.95x (docs/RESULTS.md §6).
 
-Those processes then time the same step as a synchronous job's worker takes it: the model in
-DDP, all-reducing over a gloo group of their own on loopback (a file store in the measurement's
-temp folder, no port opened). A synchronous step costs more than its compute on shared cores,
-~0.1 s here at 4 processes on 2 cores whatever the link (DDP's copies into its buckets, gloo's
-threads summing on the cores the backward needs, the last buckets' all-reduce after it), which a
-plan priced on the compute alone missed: its runs took 1.25-1.31x its prediction (docs/RESULTS.md
-§6). The simulator's compute is fitted to reproduce that loopback step (`sim.calibrate.fit_to_step`),
-so on a shaped link only the link's own time comes on top.
+Those processes then time the step as a synchronous job's worker takes it: the model in DDP,
+all-reducing over a gloo group of their own on loopback (a file store in the measurement's temp
+folder, no port opened), its compute counted as `ringps train` counts it (forward, the backward
+until DDP has its last bucket, the optimizer). It is the compute calibration fits from runs
+(`sim.calibrate.fit_compute`): DDP's copies into its buckets and gloo's threads summing on the
+cores the backward needs lengthen it, 0.36-0.42 s a step here against 0.32-0.37 s outside DDP
+at 4 processes on 2 cores; priced on the compute outside DDP and the profile's split (which
+leaves the optimizer out: more backward to hide the exchange behind) the plan's runs took
+1.25-1.31x its prediction (docs/RESULTS.md §6).
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ class StepCost:
     optimizer_s: float  # the optimizer's step (a parameter server's worker leaves it to the servers)
     steps: int
     processes: int = 1
-    # the whole step of DDP's all-reduce among the processes on loopback (None: one process, or
-    # none time it): what a synchronous worker's step costs on this host before its link's time;
-    # its forward's and optimizer step's parts (the backward, with the collectives, is the rest)
+    # DDP's all-reduce among the processes on loopback (None: one process, or none time it): the
+    # whole step, and its compute as `ringps train` counts it (forward, the backward until DDP has
+    # its last bucket, gloo's threads working beside it, the optimizer), with those two's parts
     sync_step_s: Optional[float] = None
+    sync_compute_s: Optional[float] = None
     sync_forward_s: Optional[float] = None
     sync_optimizer_s: Optional[float] = None
 
@@ -98,10 +100,13 @@ def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None, group: A
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if barrier:
         _barrier(*barrier)
-    def timed(module: torch.nn.Module) -> list[tuple[float, float, float]]:
-        """(forward, backward, optimizer) seconds of steps+1 steps, the first (which warms the
-        allocator and caches up) dropped."""
-        times: list[tuple[float, float, float]] = []
+
+    def timed(module: torch.nn.Module, ready: Any = None) -> list[tuple[float, float, float, float]]:
+        """(forward, backward, exposed communication, optimizer) seconds of steps+1 steps, the
+        first (which warms the allocator and caches up) dropped; `ready()`: when DDP handed its
+        last bucket over (the backward's end, as `ringps train` counts it; the rest of
+        backward() waits on the all-reduce)."""
+        times: list[tuple[float, float, float, float]] = []
         batches = (b for epoch in range(1 << 30) for b in loader.epoch(epoch))
         while len(times) <= steps:
             batch = next(batches)
@@ -110,20 +115,24 @@ def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None, group: A
             loss = loss_of(module, batch, device)
             sync()
             t1 = time.perf_counter()
-            loss.backward()  # in DDP: with the all-reduce of its buckets, and waiting for the last
+            loss.backward()
             sync()
             t2 = time.perf_counter()
             optimizer.step()
             sync()
-            times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+            t3 = ready() if ready else t2
+            times.append((t1 - t0, t3 - t1, t2 - t3, time.perf_counter() - t2))
         return times[1:]
 
     plain = timed(model)
-    out = {"compute_s": statistics.median(f + b for f, b, _ in plain), "optimizer_s": statistics.median(o for _, _, o in plain)}
+    out = {"compute_s": statistics.median(f + b for f, b, _, _ in plain),
+           "optimizer_s": statistics.median(o for *_, o in plain)}
     if group:  # the same step as a synchronous worker's: DDP all-reducing among the processes
         ddp = _in_ddp(model, cfg, group, timed)
-        out.update(sync_step_s=statistics.median(sum(t) for t in ddp), sync_forward_s=statistics.median(f for f, _, _ in ddp),
-                   sync_optimizer_s=statistics.median(o for _, _, o in ddp))
+        out.update(sync_step_s=statistics.median(sum(t) for t in ddp),
+                   sync_compute_s=statistics.median(f + b + o for f, b, _, o in ddp),
+                   sync_forward_s=statistics.median(f for f, *_ in ddp),
+                   sync_optimizer_s=statistics.median(o for *_, o in ddp))
     return out
 
 
@@ -134,13 +143,18 @@ def _in_ddp(model: Any, cfg: Any, group: dict[str, Any], timed: Any) -> list[tup
     from datetime import timedelta
 
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ringps.hooks import TimedHook
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the processes' pairs on loopback, as ringps's local launcher keeps them
     dist.init_process_group("gloo", init_method=f"file://{group['store']}", rank=group["rank"],
                             world_size=group["world"], timeout=timedelta(seconds=max(1.0, group["deadline"] - time.time())))
     ddp = DDP(model, bucket_cap_mb=cfg.strategy.bucket_cap_mb, gradient_as_bucket_view=True)
-    times = timed(ddp)
+    hook = TimedHook(default_hooks.allreduce_hook)  # the trainer's: when each bucket was handed over
+    ddp.register_comm_hook(None, hook)
+    times = timed(ddp, lambda: hook.last_ready)
     dist.barrier()  # every rank's collectives done before any leaves the group
     return times
 
@@ -172,7 +186,7 @@ def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0, processes: in
                     p.kill()
                     p.communicate()
     outs = [_result(*d) for d in done]
-    sync = {k: statistics.median(o[k] for o in outs) for k in ("sync_step_s", "sync_forward_s", "sync_optimizer_s")
+    sync = {k: statistics.median(o[k] for o in outs) for k in ("sync_step_s", "sync_compute_s", "sync_forward_s", "sync_optimizer_s")
             if all(k in o for o in outs)}
     return StepCost(compute_s=statistics.median(o["compute_s"] for o in outs),
                     optimizer_s=statistics.median(o["optimizer_s"] for o in outs), steps=steps, processes=processes, **sync)

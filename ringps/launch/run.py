@@ -82,7 +82,7 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
     from ringps.sim.auto import rank
-    from ringps.sim.calibrate import Fitted, emulated_cluster, fit_to_step, fitted_from
+    from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
     from ringps.sim.engine import Options
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
@@ -95,16 +95,13 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
         # by as many processes at once as will share a host's cores (at most twice the cores'
         # count), per whole core as the cluster's shared cores take it
         local = 1 if gpu else min(-(-cfg.run.workers // nodes), 2 * cores())
-        measured = measure_step(cfg, processes=local)
+        measured = m = measure_step(cfg, processes=local)
         per_core = 1.0 / contention(local) / w.compute_s  # the simulator shares cores among processes
-        fitted = Fitted(measured.step_s * per_core, efficiency=prog.efficiency or 0.95,
-                        ps_compute_a=measured.compute_s * per_core)
-        if measured.sync_step_s:  # a synchronous worker's compute: what reproduces their DDP step on loopback,
-            # split as theirs was (the profile's own split leaves the optimizer out: more backward to hide behind)
-            m = measured
-            fitted = replace(fitted, forward_share=m.sync_forward_s / m.sync_step_s,
-                             optimizer_share=m.sync_optimizer_s / m.sync_step_s)
-            fitted = replace(fitted, compute_a=fit_to_step(m.sync_step_s, w, fitted, local, cfg.strategy.bucket_cap_mb))
+        fitted = Fitted(m.step_s * per_core, efficiency=prog.efficiency or 0.95, ps_compute_a=m.compute_s * per_core)
+        if m.sync_compute_s:  # a synchronous worker's compute is its compute in DDP, as calibration fits it from
+            # runs, and split as there (the profile's own split leaves the optimizer out: more backward to hide behind)
+            fitted = replace(fitted, compute_a=m.sync_compute_s * per_core, forward_share=m.sync_forward_s / m.sync_compute_s,
+                             optimizer_share=m.sync_optimizer_s / m.sync_compute_s)
     if links is None:  # every process of the job on this machine's cores, as calibration models the runs
         c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
         ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)

@@ -300,27 +300,6 @@ def emulated_cluster(workers: int, net: Optional[str], slowdown: Optional[list],
                        forward_share=None if ps else f.forward_share, optimizer_share=None if ps else f.optimizer_share)
 
 
-def fit_to_step(step_s: float, w: Any, f: Fitted, workers: int, bucket_cap_mb: float = 25.0) -> float:
-    """`compute_a` with which DDP's all-reduce among `workers` processes on this host's loopback
-    (the emulated cluster's, its stand-in link) takes `step_s` a step, as the simulator predicts
-    it: what a synchronous step costs here beyond its compute (DDP's copies, gloo's threads on the
-    backward's cores, the last buckets' exposed all-reduce) goes into the compute, as a
-    calibration's loopback runs put it there (`fit_compute`), and a shaped link adds only its own
-    time on top. `f`'s compute_a is the search's start; the predicted step grows with it, nearly
-    in proportion (the links' latency does not), so a few proportional steps converge."""
-    from ringps.sim.engine import Options, run_sync
-    from ringps.sim.predict import scaled
-
-    a = f.compute_a
-    for _ in range(8):
-        c = emulated_cluster(workers, None, None, 1, replace(f, compute_a=a))
-        pred = run_sync("allreduce", scaled(w, c), c, Options(bucket_cap_mb=bucket_cap_mb), steps=8, seed=0).step_s
-        if abs(pred / step_s - 1.0) < 1e-3:
-            break
-        a *= step_s / pred
-    return a
-
-
 def duplex_at(duplex: dict, workers: int) -> float:
     """The measured duplex factor of the largest worker count measured up to `workers` (1: none)."""
     below = [k for k in duplex if k <= workers]
