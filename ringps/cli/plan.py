@@ -95,8 +95,8 @@ def run_auto(args: argparse.Namespace) -> int:
     loopback = args.here and args.net in (None, "loopback")  # unshaped: priced as a fast link
     console.print(f"{w.name} on {describe(c, f'loopback (priced as {c.net})' if loopback else '')}"
                   + (f"; this job's step measured here: {measured.step_s:.3f} s by {measured.processes} process(es) at once"
-                     + (f", {measured.sync_step_s:.3f} s in DDP all-reducing among them on loopback"
-                        if measured.sync_step_s else "")
+                     + (f", in DDP all-reducing among them on loopback {measured.sync_compute_s:.3f} s of compute in a "
+                        f"{measured.sync_step_s:.3f} s step" if measured.sync_compute_s else "")
                      + f" (x{c.compute_scale:.2f} the profile per whole core), {c.shared_cores} shared cores"
                      if measured else ""))
     console.print(t)

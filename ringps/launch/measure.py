@@ -136,7 +136,7 @@ def _measure(cfg_dict: dict[str, Any], steps: int, barrier: Any = None, group: A
     return out
 
 
-def _in_ddp(model: Any, cfg: Any, group: dict[str, Any], timed: Any) -> list[tuple[float, float, float]]:  # in the child
+def _in_ddp(model: Any, cfg: Any, group: dict[str, Any], timed: Any) -> list[tuple[float, float, float, float]]:  # in the child
     """`timed` steps of the model in DDP over a gloo group of the measuring processes on loopback
     (a file store, no port), as `ringps train`'s DDP strategies wrap it; the group's waits end by
     the measurement's deadline."""

@@ -167,7 +167,8 @@ def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Option
 
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
-    ddp = f", {m['sync_step_s']:.3f} s in DDP among them on loopback" if m and m.get("sync_step_s") else ""
+    ddp = (f"; in DDP among them on loopback {m['sync_compute_s']:.3f} s of compute in a {m['sync_step_s']:.3f} s step"
+           if m and m.get("sync_compute_s") else "")
     priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
               f"{m['steps']} steps of {m['processes']} process(es) at once{ddp})") if m else f" (priced by {cfg.strategy.auto_calibration})"
     (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
