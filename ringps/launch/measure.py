@@ -22,10 +22,10 @@ all-reducing over a gloo group of their own on loopback (a file store in the mea
 folder, no port opened), its compute counted as `ringps train` counts it (forward, the backward
 until DDP has its last bucket, the optimizer). It is the compute calibration fits from runs
 (`sim.calibrate.fit_compute`): DDP's copies into its buckets and gloo's threads summing on the
-cores the backward needs lengthen it, 0.36-0.42 s a step here against 0.32-0.37 s outside DDP
+cores the backward needs lengthen it, 0.38-0.43 s a step here against 0.31-0.38 s outside DDP
 at 4 processes on 2 cores; priced on the compute outside DDP and the profile's split (which
 leaves the optimizer out: more backward to hide the exchange behind) the plan's runs took
-1.25-1.31x its prediction (docs/RESULTS.md §6).
+1.25-1.31x its prediction, priced so 1.06-1.13x (docs/RESULTS.md §6).
 """
 
 from __future__ import annotations
