@@ -67,7 +67,7 @@ def run_auto(args: argparse.Namespace) -> int:
 
     if args.here:  # the choice `ringps train --strategy auto` makes with these flags
         from ringps.config import load_config
-        from ringps.launch.run import auto_choices
+        from ringps.launch.run import auto_choices, measured_dict, measured_words
 
         job = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size, "workers": args.workers,
                "servers": args.servers, "net": None if args.net in (None, "loopback") else args.net, "threads": args.threads,
@@ -94,11 +94,8 @@ def run_auto(args: argparse.Namespace) -> int:
     console = wide_console()
     loopback = args.here and args.net in (None, "loopback")  # unshaped: priced as a fast link
     console.print(f"{w.name} on {describe(c, f'loopback (priced as {c.net})' if loopback else '')}"
-                  + (f"; this job's step measured here: {measured.step_s:.3f} s by {measured.processes} process(es) at once"
-                     + (f", in DDP all-reducing among them on loopback {measured.sync_compute_s:.3f} s of compute in a "
-                        f"{measured.sync_step_s:.3f} s step" if measured.sync_compute_s else "")
-                     + f" (x{c.compute_scale:.2f} the profile per whole core), {c.shared_cores} shared cores"
-                     if measured else ""))
+                  + (f"; this job's step measured here: {measured_words(measured_dict(measured))} "
+                     f"(x{c.compute_scale:.2f} the profile per whole core), {c.shared_cores} shared cores" if measured else ""))
     console.print(t)
     console.print("recommended: " + reasons(choices))
     return 0

@@ -140,17 +140,16 @@ def _in_ddp(model: Any, cfg: Any, group: dict[str, Any], timed: Any) -> list[tup
     """`timed` steps of the model in DDP over a gloo group of the measuring processes on loopback
     (a file store, no port), as `ringps train`'s DDP strategies wrap it; the group's waits end by
     the measurement's deadline."""
-    from datetime import timedelta
-
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from ringps.comm.group import init_from_env, local_env
     from ringps.hooks import TimedHook
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the processes' pairs on loopback, as ringps's local launcher keeps them
-    dist.init_process_group("gloo", init_method=f"file://{group['store']}", rank=group["rank"],
-                            world_size=group["world"], timeout=timedelta(seconds=max(1.0, group["deadline"] - time.time())))
+    # joined as ringps's local launcher has its ranks join: a file store, gloo's pairs on loopback
+    os.environ.update(local_env(group["store"]), RANK=str(group["rank"]), WORLD_SIZE=str(group["world"]))
+    init_from_env("gloo", max(1.0, group["deadline"] - time.time()))
     ddp = DDP(model, bucket_cap_mb=cfg.strategy.bucket_cap_mb, gradient_as_bucket_view=True)
     hook = TimedHook(default_hooks.allreduce_hook)  # the trainer's: when each bucket was handed over
     ddp.register_comm_hook(None, hook)
@@ -186,10 +185,9 @@ def measure_step(cfg: Any, steps: int = 6, timeout: float = 120.0, processes: in
                     p.kill()
                     p.communicate()
     outs = [_result(*d) for d in done]
-    sync = {k: statistics.median(o[k] for o in outs) for k in ("sync_step_s", "sync_compute_s", "sync_forward_s", "sync_optimizer_s")
-            if all(k in o for o in outs)}
-    return StepCost(compute_s=statistics.median(o["compute_s"] for o in outs),
-                    optimizer_s=statistics.median(o["optimizer_s"] for o in outs), steps=steps, processes=processes, **sync)
+    # every time the processes measured (a StepCost field each), the median over them
+    return StepCost(steps=steps, processes=processes,
+                    **{k: statistics.median(o[k] for o in outs) for k in outs[0] if all(k in o for o in outs)})
 
 
 def _wait(p: subprocess.Popen, end: float) -> tuple[int, str, str]:

@@ -146,7 +146,7 @@ def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: An
     flat = {k: v for sec in cfg.model_dump().values() for k, v in sec.items()}
     flat.update(strategy=best.strategy, **{k: v for k, v in best.settings.items() if v is not None})
     plan = {"chosen": best.label(), "reasons": reasons(choices), "cluster": c.model_dump(),
-            "measured_step": None if measured is None else {**asdict(measured), "step_s": measured.step_s, "profile_compute_s": w.compute_s},
+            "measured_step": None if measured is None else {**measured_dict(measured), "profile_compute_s": w.compute_s},
             "selection_costs": None if sel is None else {k: v for k, v in sel.as_dict().items() if k.endswith("_s")},
             "ranking": [{"strategy": ch.label(), "time_to_accuracy_s": ch.prediction.extra.get("time_to_accuracy_s"),
                          "step_s": ch.prediction.step_s} for ch in choices]}
@@ -161,16 +161,25 @@ def resolve_auto(cfg: Config) -> tuple[Config, Optional[dict[str, Any]]]:
     return auto_plan(cfg, *auto_choices(cfg))
 
 
+def measured_dict(m: Any) -> dict[str, Any]:
+    """A StepCost as auto-plan.json records it: its fields and the whole step."""
+    return {**asdict(m), "step_s": m.step_s}
+
+
+def measured_words(m: dict[str, Any]) -> str:
+    """The step auto measured (auto-plan.json's measured_step), as the banners say it."""
+    ddp = (f"; in DDP among them on loopback {m['sync_compute_s']:.3f} s of compute in a {m['sync_step_s']:.3f} s step"
+           if m.get("sync_compute_s") else "")
+    return f"{m['step_s']:.3f} s, {m['steps']} steps of {m['processes']} process(es) at once{ddp}"
+
+
 def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Optional[Console] = None) -> None:
     """auto-plan.json in the run folder, and the choice on the console (stderr by default)."""
     import json
 
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
-    ddp = (f"; in DDP among them on loopback {m['sync_compute_s']:.3f} s of compute in a {m['sync_step_s']:.3f} s step"
-           if m and m.get("sync_compute_s") else "")
-    priced = (f" (priced on this job's step as measured here: {m['step_s']:.3f} s, "
-              f"{m['steps']} steps of {m['processes']} process(es) at once{ddp})") if m else f" (priced by {cfg.strategy.auto_calibration})"
+    priced = f" (priced on this job's step as measured here: {measured_words(m)})" if m else f" (priced by {cfg.strategy.auto_calibration})"
     (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
 
 
