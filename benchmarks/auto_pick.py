@@ -15,6 +15,7 @@ judged the same way.
 
     .venv/bin/python benchmarks/auto_pick.py --out runs/bench-auto
     .venv/bin/python benchmarks/auto_pick.py --cells w4-1gbit,w4-unshaped-slow --repeats 1
+    .venv/bin/python benchmarks/auto_pick.py --cells w4-100mbit,w4-100mbit-slow --contenders allreduce,fp16,powersgd,ring-topk
     .venv/bin/python benchmarks/auto_pick.py --calibration CAL.yaml --out runs/bench-auto
 """
 
@@ -35,7 +36,8 @@ CELLS = {
     "w4-1gbit-slow": {"workers": 4, "net": "1gbit", "slowdown": "1,1,2,4"},
     "w4-unshaped": {"workers": 4},
     "w4-unshaped-slow": {"workers": 4, "slowdown": "1,1,2,4"},
-    # not run by default: the dense contenders take 5-15 minutes a run behind these links
+    # not run by default: the dense contenders take 3-7 minutes a run behind these links, and ps-async
+    # ~15 (auto predicts 900 s to the target); run them with --contenders allreduce,fp16,powersgd,ring-topk
     "w4-100mbit": {"workers": 4, "net": "100mbit"},
     "w4-100mbit-slow": {"workers": 4, "net": "100mbit", "slowdown": "1,1,2,4"},
 }
