@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -97,11 +97,13 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
         local = 1 if gpu else min(-(-cfg.run.workers // nodes), 2 * cores())
         measured = m = measure_step(cfg, processes=local)
         per_core = 1.0 / contention(local) / w.compute_s  # the simulator shares cores among processes
-        fitted = Fitted(m.step_s * per_core, efficiency=prog.efficiency or 0.95, ps_compute_a=m.compute_s * per_core)
-        if m.sync_compute_s:  # a synchronous worker's compute is its compute in DDP, as calibration fits it from
-            # runs, and split as there (the profile's own split leaves the optimizer out: more backward to hide behind)
-            fitted = replace(fitted, compute_a=m.sync_compute_s * per_core, forward_share=m.sync_forward_s / m.sync_compute_s,
-                             optimizer_share=m.sync_optimizer_s / m.sync_compute_s)
+        # a synchronous worker's compute is its compute in DDP where the processes took it (None: one
+        # process), as calibration fits it from runs, and split as there (the profile's own split
+        # leaves the optimizer out: more backward to hide behind); a parameter-server worker's, outside DDP
+        ddp = m.sync_compute_s
+        fitted = Fitted((ddp or m.step_s) * per_core, efficiency=prog.efficiency or 0.95, ps_compute_a=m.compute_s * per_core,
+                        forward_share=m.sync_forward_s / ddp if ddp else None,
+                        optimizer_share=m.sync_optimizer_s / ddp if ddp else None)
     if links is None:  # every process of the job on this machine's cores, as calibration models the runs
         c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
         ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
