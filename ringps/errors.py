@@ -29,6 +29,11 @@ class CommTimeout(RingpsError):
     """A wait on another process ran past its timeout; the message names both ranks and the wait."""
 
 
+class GroupFailure(RingpsError):
+    """A failure every rank of a torchrun group learned of at the same point (rank 0's, broadcast):
+    each rank says it in its own line, and rank 0 stays until they have (its exit stops the rest)."""
+
+
 class WorkerFailed(RingpsError):
     """A worker process of a synchronous job failed; the job was stopped."""
 

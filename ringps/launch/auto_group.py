@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 
 from ringps.config import Config
-from ringps.errors import RingpsError, first_line
+from ringps.errors import GroupFailure, RingpsError, first_line
 
 
 def group_cluster(cfg: Config, links: tuple[float, float], nodes: int, gpu: bool, fitted: Any, ps: bool = False):
@@ -73,8 +73,8 @@ def resolve_in_group(cfg: Config, rank: int, world: int, device: torch.device) -
             box = first_line(e) if isinstance(e, RingpsError) else f"{type(e).__name__}: {first_line(e)}"
     box = broadcast_object(box)  # the others wait here for rank 0's choice, within the group's timeout
     if failed is not None:
-        raise failed
+        raise GroupFailure(box) from failed  # the line it would have said; the traceback keeps the cause
     if isinstance(box, str):
-        raise RingpsError(f"rank 0 could not choose for --strategy auto: {box}")
+        raise GroupFailure(f"rank 0 could not choose for --strategy auto: {box}")
     picked, plan = box  # a validated Config: every rank trains rank 0's object as it was picked
     return picked, (plan if rank == 0 else None)

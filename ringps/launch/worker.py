@@ -30,7 +30,7 @@ from ringps.comm.group import init_from_env
 from ringps.config import Config, validate
 from ringps.data import load_dataset
 from ringps.data.loader import steps_per_epoch
-from ringps.errors import RingpsError, first_line
+from ringps.errors import GroupFailure, RingpsError, first_line
 from ringps.malloc import keep_freed_memory
 from ringps.models import build_model
 from ringps.strategies import STRATEGIES, WorkerContext
@@ -38,6 +38,7 @@ from ringps.strategies.base import Stretch
 from ringps.train.trainer import Trainer
 
 DONE_KEY = "ringps/done"
+SAID_KEY = "ringps/failure-said"
 
 
 def roles(cfg: Config, world: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -137,7 +138,23 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
             (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
             (run_dir / "ranks" / f"rank{rank}.error").write_text(line + "\n")
             trace.get().write()  # what happened up to the failure
+        if isinstance(e, GroupFailure) and not managed:
+            wait_until_all_said(rank, world, min(cfg.run.timeout, 30.0))
         return 1
+
+
+def wait_until_all_said(rank: int, world: int, timeout: float) -> None:
+    """After a failure every rank shares: count this rank's line as said; rank 0 waits (a bounded
+    while) for every rank's. Under torchrun rank 0's exit makes the agent stop the others, which
+    may not have received the broadcast failure yet, let alone printed it."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.add(SAID_KEY, 1)
+        deadline = time.monotonic() + timeout
+        while rank == 0 and store.add(SAID_KEY, 0) < world and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - best effort: the failure itself is already said
+        pass
 
 
 def shared_run_dir(cfg: Config, rank: int) -> Path:
