@@ -3,6 +3,8 @@ density 1.0 == plain DDP, k = 0, and the public hook in a user's own DDP loop.""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn as nn
@@ -182,3 +184,54 @@ def test_dense_fp16_is_ddps_fp16_hook():
         assert set(chosen) == {"dense-fp16"}
         n = sum(p.numel() for p in build_model("mlp", (1, 8, 8), 4).parameters())
         assert sent == 5 * n * 2  # a 2-rank ring sends each value once, 2 bytes each
+
+
+class SleepInBackward(torch.autograd.Function):
+    """The identity forward; its backward sleeps: a layer whose gradient takes `seconds`."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.seconds)
+        return g, None
+
+
+class Stages(nn.Module):
+    """first -> (rank 0 sleeps) -> middle -> (rank 1 sleeps) -> last: rank 1's middle gradient is
+    late, so rank 0's all-reduce of it waits, beside rank 0's own long backward of the input side."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.first, self.middle, self.last = nn.Linear(8, 64), nn.Linear(64, 64), nn.Linear(64, 4)
+        self.sleeps = (0.6, 0.0) if rank == 0 else (0.0, 0.3)
+
+    def forward(self, x):
+        x = SleepInBackward.apply(self.first(x), self.sleeps[0])
+        x = SleepInBackward.apply(self.middle(x), self.sleeps[1])
+        return self.last(x)
+
+
+def measured_compute(rank, world):
+    torch.manual_seed(0)
+    model = Stages(rank)
+    ddp = DDP(model, bucket_cap_mb=0.001)  # a bucket per tensor
+    state = RingTopkState(exchange="auto", dense_below=256).bind(model)
+    ddp.register_comm_hook(state, ring_topk_hook)
+    for _ in range(RingTopkState.MEASURED_STEPS + 2):
+        model.zero_grad()
+        ddp(torch.randn(4, 8)).sum().backward()
+    state.close()
+    return state.compute_s
+
+
+def test_auto_measures_the_compute_the_collectives_ran_beside():
+    """With no compute given, auto measures the step's compute over its first steps, every rank's,
+    and plans with the slowest's. Rank 0's backward holds 0.6 s of sleep after its middle layer's
+    gradient is out, and that all-reduce waits 0.3 s for rank 1's: the step's compute is at least
+    0.6 s. The hook's own time (0.3 s of it beside rank 0's backward) is not compute to subtract."""
+    for compute_s in run_ranks(measured_compute, 2):
+        assert compute_s >= 0.6

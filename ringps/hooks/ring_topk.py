@@ -126,9 +126,8 @@ class RingTopkState(BucketWork):
         self.decisions: dict[tuple, tuple[str, dict, float]] = {}
         self._ready = False
         self.device = torch.device("cpu")  # the gradients' device, known at first use
-        self._steps: list[float] = []  # per step: its wall time less the hook's own time (compute)
+        self._steps: list[float] = []  # per measured step: its compute (step_done)
         self._step_end = 0.0
-        self._step_comm = 0.0
 
     def set_total_steps(self, total_steps: Optional[int]) -> None:
         """The run's length in steps, where the exact tail begins (None: unknown, no tail); for a
@@ -306,13 +305,16 @@ class RingTopkState(BucketWork):
         steps measure it, dense and with every collective inside the hook's time."""
         return self.compute_s is None and self.exchange_name == "auto"
 
-    def step_done(self, comm_s: float) -> None:
-        """After the step's last bucket: note its compute (wall since the last step, less the
-        hook's own work); after MEASURED_STEPS of them every rank takes the slowest rank's median,
-        so all plan alike, and the buckets are planned afresh with it."""
-        now = time.perf_counter()
+    def step_done(self, backward_end: float) -> None:
+        """After the step's last bucket: note its compute, from the last step's end (its last
+        bucket done) to this step's last bucket ready (`backward_end`, when DDP called the hook
+        with it): the optimizer's step, the data, the forward and the backward. Not the wall less
+        the hook's own time: that time runs beside the backward, and the backward it hid (the
+        overlap, 0.11 s of facenet's 0.40) would be missing from the compute. After
+        MEASURED_STEPS of them every rank takes the slowest rank's median, so all plan alike, and
+        the buckets are planned afresh with it."""
         if self._step_end and self.measuring_compute:
-            self._steps.append(max(0.0, now - self._step_end - comm_s))
+            self._steps.append(max(0.0, backward_end - self._step_end))
             if len(self._steps) >= self.MEASURED_STEPS:
                 t = torch.tensor([statistics.median(self._steps)], dtype=torch.float64, device=self.device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
@@ -388,10 +390,10 @@ def ring_topk_hook(state, bucket):
     fut: torch.futures.Future = torch.futures.Future()
     buffer, grads, params = bucket.buffer(), bucket.gradients(), bucket.parameters()
     index, last, step = bucket.index(), bucket.is_last(), state.iteration
+    called = time.perf_counter()  # on autograd's thread: the last bucket's is the backward's end
 
     def work() -> None:
         try:
-            t0 = time.perf_counter()
             with trace.get().span(f"bucket {index}", "comm", lane="comm", step=step, density=state.schedule(step)):
                 small, inflight = state.process(index, buffer, grads, params, step)
             if small or last:  # the last bucket's future too: the step's work ends before backward() returns
@@ -402,14 +404,10 @@ def ring_topk_hook(state, bucket):
                 with trace.get().span("small tensors (fused)", "comm", lane="comm"):
                     state.reduce_small([t for _, _, ts, _ in state.deferred for t in ts])
                 state.iteration += 1
-                state._step_comm += time.perf_counter() - t0
-                state.step_done(state._step_comm)
-                state._step_comm = 0.0
+                state.step_done(called)
                 pending, state.deferred = state.deferred, []  # only now: a failure above fails them all
                 for f, buf, _, inflight in pending:
                     _complete(f, buf, inflight)
-            else:
-                state._step_comm += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - DDP re-raises it from backward()
             pending, state.deferred = state.deferred, []
             for f, _, _, _ in pending:

@@ -58,8 +58,9 @@ class Options:
     # fp16's casts; PowerSGD's products and error feedback are itemised: ITEMISED_CPU): fitted by
     # --calibrate, 0 unless given
     extra_cpu_s: float = 0.0
-    # ring-topk's cost model decides with the compute it measured in its first steps (the slowest
-    # rank's median); a run records it, and predicting that run plans with it (None: the model's)
+    # ring-topk's cost model decides with the compute it measured: `ringps train`'s profile of the
+    # model, or in a user's own loop its first steps' (the slowest rank's median); a run records
+    # it, and predicting that run plans with it (None: the model's)
     plan_compute_s: Optional[float] = None
     # ring-topk's exact tail: the run's last exact_tail of its total_steps go by the most faithful
     # exchanges (None steps: the run's length unknown, no tail); in_tail prices a step inside it
