@@ -15,6 +15,7 @@ judged the same way.
 
     .venv/bin/python benchmarks/auto_pick.py --out runs/bench-auto
     .venv/bin/python benchmarks/auto_pick.py --cells w4-1gbit,w4-unshaped-slow --repeats 1
+    .venv/bin/python benchmarks/auto_pick.py --cells w3-unshaped,w4-unshaped --repeats 6
     .venv/bin/python benchmarks/auto_pick.py --cells w4-100mbit,w4-100mbit-slow --contenders allreduce,fp16,powersgd,ring-topk
     .venv/bin/python benchmarks/auto_pick.py --calibration CAL.yaml --out runs/bench-auto
 """
@@ -34,6 +35,7 @@ CELLS = {
     "w3-1gbit": {"workers": 3, "net": "1gbit"},
     "w4-1gbit": {"workers": 4, "net": "1gbit"},
     "w4-1gbit-slow": {"workers": 4, "net": "1gbit", "slowdown": "1,1,2,4"},
+    "w3-unshaped": {"workers": 3},  # the grid's other loopback setting (benchmarks/simulator.py)
     "w4-unshaped": {"workers": 4},
     "w4-unshaped-slow": {"workers": 4, "slowdown": "1,1,2,4"},
     # not run by default: the dense contenders take 3-7 minutes a run behind these links, and ps-async
