@@ -143,16 +143,23 @@ def run_process(cfg: Config, run_dir: Optional[Path], managed: bool) -> int:
         return 1
 
 
+def arrive(key: str, rank: int, world: int, timeout: float, poll: float) -> None:
+    """Count this rank in at `key` of the group's store; rank 0, which hosts the store and whose
+    exit takes it (and, under torchrun, the other ranks) away, waits until all `world` have, at
+    most `timeout` seconds."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while rank == 0 and store.add(key, 0) < world and time.monotonic() < deadline:
+        time.sleep(poll)
+
+
 def wait_until_all_said(rank: int, world: int, timeout: float) -> None:
     """After a failure every rank shares: count this rank's line as said; rank 0 waits (a bounded
     while) for every rank's. Under torchrun rank 0's exit makes the agent stop the others, which
     may not have received the broadcast failure yet, let alone printed it."""
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.add(SAID_KEY, 1)
-        deadline = time.monotonic() + timeout
-        while rank == 0 and store.add(SAID_KEY, 0) < world and time.monotonic() < deadline:
-            time.sleep(0.05)
+        arrive(SAID_KEY, rank, world, timeout, poll=0.05)
     except Exception:  # noqa: BLE001 - best effort: the failure itself is already said
         pass
 
@@ -178,12 +185,8 @@ def finish(cfg: Config, run_dir: Path, rank: int, world: int, managed: bool, str
     if extra:
         (run_dir / "ranks" / f"rank{rank}.summary.yaml").write_text(yaml.safe_dump(extra))
     if not managed:
-        store = dist.distributed_c10d._get_default_store()
-        store.add(DONE_KEY, 1)
+        arrive(DONE_KEY, rank, world, cfg.run.timeout, poll=0.2)
         if rank == 0:
-            deadline = time.monotonic() + cfg.run.timeout
-            while store.add(DONE_KEY, 0) < world and time.monotonic() < deadline:
-                time.sleep(0.2)
             finalize(run_dir, {"synchronous": strategy.synchronous, "launcher": "torchrun"})
     dist.destroy_process_group()
 
