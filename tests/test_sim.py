@@ -629,3 +629,25 @@ def test_bad_kernels_and_a_measured_profiles_kernels(tmp_path):
     k = load_workload(str(out)).kernels
     assert k.memory_gb_s > 1 and k.fp32_tflops > 0.001 and "ringps profile" in k.source
     assert k.cost_params().pass_s > 0
+
+
+def test_a_profile_on_a_device_that_is_not_here_is_one_line(tmp_path):
+    """`ringps profile --device` names where to time the model: a GPU that this machine lacks, or a
+    name that is no device ringps profiles on, is one line saying what to do, and writes nothing."""
+    import torch
+
+    from ringps.cli.profile import profile_device
+
+    assert profile_device("cpu") == torch.device("cpu")
+    cases = [("tpu", "--device tpu: not a device; use cpu, cuda or cuda:N"),
+             ("meta", "--device meta: ringps profiles on cpu or cuda")]
+    if not torch.cuda.is_available():
+        cases.append(("cuda", "--device cuda: no CUDA device here"))
+    for name, msg in cases:
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            profile_device(name)
+    out = tmp_path / "p.yaml"
+    r = subprocess.run([sys.executable, "-m", "ringps", "profile", "--model", "mlp", "--device", cases[-1][0],
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and cases[-1][1] in r.stderr
+    assert not out.exists()

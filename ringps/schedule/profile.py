@@ -5,6 +5,9 @@ which its communication can hide).
 Forward time comes from forward pre/post hooks on each module that owns parameters; backward
 time from the moments the parameters' gradients become ready (post-accumulate-grad hooks), which
 works with in-place activations, unlike module backward hooks. Medians over a few repetitions.
+On a GPU every stamp first waits for the device's queued kernels (`_clock`): a module's forward
+returns, and a gradient's hook runs, once its kernels are queued, so stamps without the wait would
+time the launches, not the work.
 
 The CPU a parameter server spends per update is measured too, on the layer's real sizes: one
 momentum-SGD step over its parameters (`update_s`) and, for a fully connected layer, rebuilding
@@ -18,6 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -60,20 +64,34 @@ def _kind(m: nn.Module) -> str:
     return "other"
 
 
-def _median_time(fn, reps: int = 3) -> float:
+def _clock(device: torch.device) -> Callable[[], float]:
+    """perf_counter, after the device's queued kernels have run (on the CPU, perf_counter)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def now() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return now
+
+
+def _median_time(fn, reps: int = 3, now: Callable[[], float] = time.perf_counter) -> float:
     fn()  # warm-up: allocations, caches
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
     return statistics.median(times)
 
 
-def update_costs(params: int, batch: int, in_features: int, out_features: int) -> tuple[float, float]:
+def update_costs(params: int, batch: int, in_features: int, out_features: int,
+                 device: torch.device = torch.device("cpu")) -> tuple[float, float]:
     """(update_s, rebuild_s) measured with the operations the server and a replaying worker run:
-    the momentum-SGD step with weight decay (what ringps.ps.server.sgd_step does) and delta^T x."""
-    values, momentum, grad = torch.zeros(params), torch.zeros(params), torch.zeros(params)
+    the momentum-SGD step with weight decay (what ringps.ps.server.sgd_step does) and delta^T x,
+    on `device` (the model's: a worker's optimizer step runs where its parameters live)."""
+    values, momentum, grad = (torch.zeros(params, device=device) for _ in range(3))
+    now = _clock(device)
 
     def update() -> None:
         grad.add_(values, alpha=5e-4)
@@ -82,25 +100,29 @@ def update_costs(params: int, batch: int, in_features: int, out_features: int) -
 
     rebuild = 0.0
     if in_features:
-        delta, x = torch.randn(batch, out_features), torch.randn(batch, in_features)
+        delta, x = torch.randn(batch, out_features, device=device), torch.randn(batch, in_features, device=device)
         out = grad[: in_features * out_features].view(out_features, in_features)
-        rebuild = _median_time(lambda: torch.mm(delta.t(), x, out=out))
-    return _median_time(update), rebuild
+        rebuild = _median_time(lambda: torch.mm(delta.t(), x, out=out), now=now)
+    return _median_time(update, now=now), rebuild
 
 
-def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reps: int = 3) -> Profile:
+def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reps: int = 3,
+                  update_device: Optional[torch.device] = None) -> Profile:
+    """The model's profile on its inputs' device; the updates (`update_s`, `rebuild_s`) on
+    `update_device`, default the same (a parameter server's updates run on its host's CPU)."""
     owners = [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
     fwd: dict[str, list[float]] = {n: [] for n, _ in owners}
     ready: dict[str, list[float]] = {}
     totals_f, totals_b = [], []
     starts: dict[str, float] = {}
     handles = []
+    now = _clock(inputs.device)
     for n, m in owners:
-        handles.append(m.register_forward_pre_hook(lambda mod, inp, n=n: starts.__setitem__(n, time.perf_counter())))
-        handles.append(m.register_forward_hook(lambda mod, inp, out, n=n: fwd[n].append(time.perf_counter() - starts[n])))
+        handles.append(m.register_forward_pre_hook(lambda mod, inp, n=n: starts.__setitem__(n, now())))
+        handles.append(m.register_forward_hook(lambda mod, inp, out, n=n: fwd[n].append(now() - starts[n])))
     stamp: dict[str, float] = {}
     for pname, p in model.named_parameters():
-        handles.append(p.register_post_accumulate_grad_hook(lambda t, pname=pname: stamp.__setitem__(pname, time.perf_counter())))
+        handles.append(p.register_post_accumulate_grad_hook(lambda t, pname=pname: stamp.__setitem__(pname, now())))
     was_training = model.training
     model.train()
     rng = torch.get_rng_state()  # dropout draws here must not shift the training run's randomness
@@ -108,11 +130,11 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         for rep in range(reps + 1):  # the first repetition warms caches up and is discarded
             stamp.clear()
             model.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
+            t0 = now()
             loss = F.cross_entropy(model(inputs), targets)
-            t1 = time.perf_counter()
+            t1 = now()
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = now()
             if rep == 0:
                 for v in fwd.values():
                     v.clear()
@@ -143,7 +165,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         w = getattr(m, "weight", None)
         params = sum(p.numel() for p in ps)
         fin, fout = getattr(m, "in_features", 0), getattr(m, "out_features", 0)
-        update_s, rebuild_s = update_costs(params, int(inputs.shape[0]), fin, fout)
+        update_s, rebuild_s = update_costs(params, int(inputs.shape[0]), fin, fout, update_device or inputs.device)
         layers.append(LayerProfile(
             name=n, kind=_kind(m), params=params,
             param_bytes=sum(p.numel() * p.element_size() for p in ps),

@@ -98,7 +98,8 @@ class ParameterServer(Strategy):
         if ctx.rank != 0:
             return None
         b = ctx.sample_batch
-        prof = profile_model(model, b.inputs.to(ctx.device), b.targets.to(ctx.device))
+        # the updates timed on the CPU: the servers' (workers replay them on theirs, the same on CPU)
+        prof = profile_model(model, b.inputs.to(ctx.device), b.targets.to(ctx.device), update_device=torch.device("cpu"))
         worker_bps = server_bps = cost.bandwidth
         if self.cfg.run.net:
             rates = self.cfg.run.net_rates(ctx.world_size)
