@@ -324,3 +324,29 @@ def test_the_staleness_discounts_form_is_stated_and_a_fitted_for_it(tmp_path):
     tta = {g: simulate("ps-async", w, c, Options(), Progress(staleness_a=0.2, staleness_form=g), steps=6).extra["time_to_accuracy_s"]
            for g in ("linear", "sqrt", "log")}
     assert tta["log"] < tta["sqrt"] < tta["linear"]  # ~7 behind: ln 8 < sqrt 7 < 7
+
+
+def test_auto_replay_reproduces_a_saved_plan_and_scales_only_the_refitted_strategy():
+    """benchmarks/auto_replay.py (RESULTS §6's fp16 replay): with the shipped factors a saved plan
+    comes back as it was; fp16's factor halved doubles every fp16 prediction and no other; the
+    judge's tau and pick on a hand-computed case."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from auto_replay import judge, replay
+
+    plan = json.loads((root / "docs/results/auto-pick-1207-9/w4-unshaped-auto-plan.json").read_text())
+    old = load_progress(None).factor
+    saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
+    assert replay(plan, old, {"fp16": old["fp16"]}) == pytest.approx(saved)
+    half = replay(plan, old, {"fp16": old["fp16"] / 2})
+    assert half["fp16"] == pytest.approx(2 * saved["fp16"])
+    assert {k: v for k, v in half.items() if k != "fp16"} == pytest.approx({k: v for k, v in saved.items() if k != "fp16"})
+    # measured a < b < c; predicted a < c < b: one pair of three discordant, tau (2 - 1) / 3
+    tau, pick, ratio = judge({"a": 1.0, "b": 2.0, "c": 4.0}, {"a": 1.0, "b": 3.0, "c": 2.0})
+    assert tau == pytest.approx(1 / 3) and pick == "a" and ratio == 1.0
+    tau, pick, ratio = judge({"a": 1.0, "b": 2.0, "c": 4.0}, {"a": 5.0, "b": 3.0, "c": 2.0})
+    assert tau == pytest.approx(-1.0) and pick == "c" and ratio == 4.0

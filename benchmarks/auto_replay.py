@@ -1,0 +1,84 @@
+"""Replay `--strategy auto`'s saved plans with other progress factors: the tau and the pick each
+sitting of benchmarks/auto_pick.py would have had, without running anything.
+
+A synchronous strategy's predicted time to the target is its step time x dense steps / its factor
+(ringps/sim/predict.py), so a new factor f' scales every candidate of that strategy (its variants
+are priced with its factor, ringps/sim/auto.py) by f / f'. The plans are those auto wrote at the
+sittings' start (`<cell>-auto-plan.json` beside `results.json`), the measured times the sittings'
+medians, judged as auto_pick.py judges them (its Kendall's tau and contender labels).
+
+    .venv/bin/python benchmarks/auto_replay.py --factor fp16=1.0 --factor powersgd=0.846 docs/results/auto-pick-1207*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from auto_pick import RANKED_AS  # noqa: E402
+from simulator import kendall  # noqa: E402
+
+from ringps.sim.predict import load_progress  # noqa: E402
+
+
+def factors(specs: list[str]) -> dict[str, float]:
+    out = {}
+    for spec in specs:
+        name, _, value = spec.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"--factor {spec}: give STRATEGY=NUMBER, e.g. fp16=1.0") from None
+    return out
+
+
+def replay(plan: dict, old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """The plan's predicted times with `new` factors in place of `old` ones."""
+    out = {}
+    for e in plan["ranking"]:
+        base = e["strategy"].split(" (")[0]
+        scale = old.get(base, 1.0) / new[base] if base in new else 1.0
+        out[e["strategy"]] = e["time_to_accuracy_s"] * scale
+    return out
+
+
+def judge(measured: dict[str, float], predicted: dict[str, float]) -> tuple[float, str, float]:
+    """Kendall's tau of the contenders, the pick, and the pick's measured time over the best's."""
+    pairs = [(t, predicted.get(RANKED_AS.get(c, c))) for c, t in measured.items()]
+    pairs = [(m, p) for m, p in pairs if p is not None]
+    tau = kendall([m for m, _ in pairs], [p for _, p in pairs])
+    pick = min(predicted, key=predicted.get)
+    got = measured.get(pick.split(" (")[0])
+    return tau, pick, (got / min(measured.values())) if got else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sittings", nargs="+", type=Path, help="folders with results.json and <cell>-auto-plan.json")
+    p.add_argument("--factor", action="append", default=[], help="STRATEGY=NUMBER, repeatable")
+    args = p.parse_args()
+    new = factors(args.factor)
+    old = load_progress(None).factor  # the shipped factors the plans were priced with
+    print(f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
+    for sitting in args.sittings:
+        results = json.loads((sitting / "results.json").read_text())
+        for cell, runs in results.items():
+            plan_file = sitting / f"{cell}-auto-plan.json"
+            if not plan_file.is_file():
+                continue
+            plan = json.loads(plan_file.read_text())
+            measured = {c: statistics.median(t) for c, rs in runs.items() if not c.startswith("auto")
+                        if (t := [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None])}
+            before = judge(measured, {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]})
+            after = judge(measured, replay(plan, old, new))
+            print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
+                  f"pick {before[1]} ({before[2]:.2f}x) -> {after[1]} ({after[2]:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
