@@ -1,5 +1,6 @@
-"""Replay `--strategy auto`'s saved plans with other progress factors: the tau and the pick each
-sitting of benchmarks/auto_pick.py would have had, without running anything.
+"""Replay `--strategy auto`'s saved plans with other progress factors, or ranked again by the
+engine as it is now: the tau and the pick each sitting of benchmarks/auto_pick.py would have had,
+without running anything.
 
 A synchronous strategy's predicted time to the target is its step time x dense steps / its factor
 (ringps/sim/predict.py), so a new factor f' scales every candidate of that strategy (its variants
@@ -7,7 +8,12 @@ are priced with its factor, ringps/sim/auto.py) by f / f'. The plans are those a
 sittings' start (`<cell>-auto-plan.json` beside `results.json`), the measured times the sittings'
 medians, judged as auto_pick.py judges them (its Kendall's tau and contender labels).
 
+`--rerank` prices the synchronous candidates again with this code's engine on each plan's own
+cluster and selection costs (what auto measured at the sitting; the parameter servers' entries
+stay as saved): a change to the engine, replayed on the sittings it would have ranked.
+
     .venv/bin/python benchmarks/auto_replay.py --factor fp16=1.0 --factor powersgd=0.846 docs/results/auto-pick-1207*
+    .venv/bin/python benchmarks/auto_replay.py --rerank docs/results/auto-pick-1207-{6,7,8,9,10}
 """
 
 from __future__ import annotations
@@ -47,6 +53,23 @@ def replay(plan: dict, old: dict[str, float], new: dict[str, float]) -> dict[str
     return out
 
 
+def rerank(plan: dict) -> dict[str, float]:
+    """The plan's predicted times, its synchronous candidates ranked again by this code's engine on
+    the plan's cluster and selection costs (the servers' as saved; ringps.launch.run ranks them on
+    a cluster of their own)."""
+    from ringps.cost import CostParams
+    from ringps.sim.auto import rank
+    from ringps.sim.cluster import ClusterSpec
+    from ringps.sim.predict import load_calibration
+    from ringps.sim.workload import load_workload
+
+    if "selection_costs" not in plan:
+        raise SystemExit("--rerank: a plan without selection_costs (written before 749a852) cannot be ranked again")
+    choices = rank(load_workload("facenet"), ClusterSpec(**plan["cluster"]), load_calibration(None, "--rerank"),
+                   selection_cpu=CostParams(**plan["selection_costs"]), with_ps=False)
+    return {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]} | {c.label(): c.tta for c in choices}
+
+
 def judge(measured: dict[str, float], predicted: dict[str, float]) -> tuple[float, str, float]:
     """Kendall's tau of the contenders, the pick, and the pick's measured time over the best's."""
     pairs = [(t, predicted.get(RANKED_AS.get(c, c))) for c, t in measured.items()]
@@ -61,10 +84,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sittings", nargs="+", type=Path, help="folders with results.json and <cell>-auto-plan.json")
     p.add_argument("--factor", action="append", default=[], help="STRATEGY=NUMBER, repeatable")
+    p.add_argument("--rerank", action="store_true", help="rank the synchronous candidates again with this code's engine")
     args = p.parse_args()
     new = factors(args.factor)
     old = load_progress(None).factor  # the shipped factors the plans were priced with
-    print(f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
+    if args.rerank and new:
+        raise SystemExit("--rerank prices with the shipped factors; give --factor or --rerank, not both")
+    print("ranked again by this code's engine" if args.rerank
+          else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
     for sitting in args.sittings:
         results = json.loads((sitting / "results.json").read_text())
         for cell, runs in results.items():
@@ -74,10 +101,12 @@ def main() -> None:
             plan = json.loads(plan_file.read_text())
             measured = {c: statistics.median(t) for c, rs in runs.items() if not c.startswith("auto")
                         if (t := [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None])}
-            before = judge(measured, {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]})
-            after = judge(measured, replay(plan, old, new))
+            saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
+            again = rerank(plan) if args.rerank else replay(plan, old, new)
+            before, after = judge(measured, saved), judge(measured, again)
             print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
-                  f"pick {before[1]} ({before[2]:.2f}x) -> {after[1]} ({after[2]:.2f}x)")
+                  f"pick {before[1]} ({before[2]:.2f}x, predicted {saved[before[1]]:.1f} s) -> "
+                  f"{after[1]} ({after[2]:.2f}x, predicted {again[after[1]]:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ class Cost(NamedTuple):
     wire_s: float
     cpu_s: float
     bytes_sent: float  # per worker
+    prep_s: float = 0.0  # the part of cpu_s before the first message (the selection): the wire waits for it
 
     def exposed(self, overlap_s: float, cpu_share: float = 1.0) -> float:
         """Step time it adds when `overlap_s` of backward compute is left to hide the wire time."""

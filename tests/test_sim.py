@@ -147,6 +147,36 @@ def test_predicted_seconds_keep_three_figures():
         "0.0466 s", "4.66 s", "5.03 s", "264 s", "2,820 s", "47,900 s"]
 
 
+def test_a_sparse_buckets_wire_waits_for_its_selection():
+    """The exchanges select on the communication thread before their first message
+    (Exchange.reduce: prepare, then combine), so a sparse bucket's wire starts after the
+    selection's wall, not at the bucket's readiness: facenet's 10.1M-parameter classifier bucket
+    is ready early in the backward, where at 100 Mbit/s the selection (102 ms in a 4-worker run's
+    trace here, its CPU ~25 ms) used up the backward the model counted for the wire. On shared
+    cores the selection's second takes 2 x the processes per core while the backward runs beside
+    it (4 workers, 2 cores: 4 s). Where each worker has its own cores (not measured here) the
+    wire starts at readiness as before; a bucket sent whole waits for nothing."""
+    from ringps.cost import CostParams
+
+    w = load_workload("facenet")
+    large = buckets(w, 25 << 20)[0].large(Options().dense_below)
+    assert large > 10_000_000
+
+    def bucket_start(select_s: float, **cluster) -> float:
+        o = Options(cpu=CostParams(select_s=select_s))
+        p = simulate("topk-allgather", w, ClusterSpec(workers=4, net="100mbit", **cluster), o, Progress(), steps=2)
+        return next(a for n, _, a, _, lane in p.timeline[0] if n == "bucket 0" and lane == "comm")
+
+    shared, own = {"compute_scale": 2.0, "shared_cores": 2}, {}
+    for cluster, wall in ((shared, 2 * 4 / 2), (own, 0.0)):
+        shift = bucket_start(4e-9, **cluster) - bucket_start(1e-9, **cluster)
+        assert shift == pytest.approx(large * 3e-9 * wall, rel=1e-6, abs=1e-12)
+    # a bucket sent whole (allreduce) starts at its readiness, whatever the selection would cost
+    ar = [simulate("allreduce", w, ClusterSpec(workers=4, net="100mbit", **shared), Options(cpu=CostParams(select_s=s)),
+                   Progress(), steps=2) for s in (1e-9, 4e-9)]
+    assert ar[0].timeline[0] == ar[1].timeline[0]
+
+
 def test_the_predicted_timeline_is_the_simulated_steps(tmp_path):
     """`--trace` writes what the simulation did, worker by worker, named as a run's trace names it
     (it drew every worker's steps at the mean step: a parameter server's fast worker pushed as

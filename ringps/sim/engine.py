@@ -157,6 +157,7 @@ class Comm(NamedTuple):
     progress: float = 1.0  # of a step through the chosen exchange, relative to a dense one
     dense_as: str = ""  # a whole bucket sent dense: the DDP strategy whose update it makes (its progress)
     cpu: float = 0.0  # the exchange's own CPU (selection, packing, scatter-adds) on the worker's cores
+    prep: float = 0.0  # the part of `cpu` before its first message (the selection): the wire waits for it
 
 
 # PowerSGD's own CPU on a bucket (torch's powerSGD_hook), priced with the device's constants
@@ -198,8 +199,9 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         t_small = allreduce_s(small * 4, c)
         if not large:
             return Comm(t_small, ring_bytes(small, n))
-        cpu = price("allgather", large, k, n, p).cpu_s
-        return Comm(allgather_s(k * 8, c) + t_small, (n - 1) * k * 8 + ring_bytes(small, n), large, large, cpu=cpu)
+        cost = price("allgather", large, k, n, p)
+        return Comm(allgather_s(k * 8, c) + t_small, (n - 1) * k * 8 + ring_bytes(small, n), large, large,
+                    cpu=cost.cpu_s, prep=cost.prep_s)
     if not large:  # ring-topk: small tensors wait for the step's fused message
         return Comm(0.0, 0.0, deferred=small)
     name, _ = choose_exchange(large, k, n, p, overlap, candidates=faithful_candidates() if o.in_tail else None,
@@ -213,7 +215,8 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         # bucket in 16 bits is fp16 DDP's (0.467 against 0.465 s, 2 workers at 1 Gbit/s, 3 seeds)
         ddp = "allreduce" if ex.wire_bytes(o.value_bytes) == 4 else "fp16"
         return bucket_comm(ddp, b, c, o, overlap)._replace(selectable=large, dense_as=ddp)
-    return Comm(cost.wire_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress), cpu=cost.cpu_s)
+    return Comm(cost.wire_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress), cpu=cost.cpu_s,
+                prep=cost.prep_s)
 
 
 def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,
@@ -258,6 +261,11 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
     own_cpu = o.extra_cpu_s + c.cpu_per_byte * 2 * sent_per_step + sum(x.cpu for x in comm)
     # one worker's optimizer step at slowdown f and jitter j: all at once on shared cores
     f_opt = (lambda f, j: slower * j) if c.shared_cores else (lambda f, j: f * j)
+    # the wall of a second of the communication thread's CPU before a sparse bucket's wire: on
+    # shared cores a thread among the processes' busy ones (twice as many while their backward
+    # runs beside it), as the emulated cluster's traces show; elsewhere 0, the wire from the
+    # bucket's readiness (a core or a GPU stream of its own: not measured here, left as it was)
+    prep_wall = (lambda during_backward: slower * (2 if during_backward else 1)) if c.shared_cores else (lambda _: 0.0)
     ends, computes = [], []
     last: list[Optional[float]] = [None] * c.workers  # each worker's last compute (the stretch's base)
     timeline: dict[int, list[tuple]] = {}
@@ -274,10 +282,15 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
             last[i] = (p[0].end - p[0].start) + (p[2].end - p[2].start)
         computes.append(statistics.mean(p[2].end - t0 + w.optimizer_s * f_opt(f, j) for p, f, j in zip(ph, slow, js)))
         busy, spans = t0, []
+        bwd_end = max(p[2].end for p in ph)
         for n, (b, x) in enumerate(zip(plan, comm)):  # every worker's bucket b, then its collective
             ready = max(p[2].time_at(b.ready / bwd * p[2].amount if bwd else 0.0) for p in ph)
-            spans.append((f"bucket {n}", max(busy, ready), max(busy, ready) + x.secs))
-            busy = max(busy, ready) + x.secs
+            # a sparse bucket's selection runs on the communication thread before its first message:
+            # the wire starts after the selection's wall (its CPU is charged to the cores after the
+            # backward as well: there it takes core time, here it holds the wire back)
+            start = max(busy, ready + (x.prep * prep_wall(ready < bwd_end) if x.prep else 0.0))
+            spans.append((f"bucket {n}", start, start + x.secs))
+            busy = start + x.secs
         if fused:  # ring-topk's deferred small tensors, once the last bucket is in
             start = max(busy, max(p[2].end for p in ph))
             spans.append(("small tensors (fused)", start, start + fused_s))

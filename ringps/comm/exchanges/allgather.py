@@ -27,7 +27,7 @@ class AllGather(Exchange):
     def cost(cls, n, k, N, p, block=256, value_bytes=B_VAL):
         sent = (N - 1) * k * (B_IDX + value_bytes)
         cpu = n * p.select_s + k * p.scatter_s + N * k * p.scatter_s + 2 * n * p.pass_s
-        return Cost(cls.messages * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent)
+        return Cost(cls.messages * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent, prep_s=n * p.select_s)
 
     def combine(self, acc, segments, sel, ring):
         parts: list[Selection | None] = [None] * ring.size

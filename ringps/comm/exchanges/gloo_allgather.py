@@ -28,7 +28,7 @@ class GlooAllGather(Exchange):
     def cost(cls, n, k, N, p, block=256, value_bytes=B_VAL):
         sent = (N - 1) * k * (B_IDX + B_VAL)
         cpu = n * p.select_s + k * p.scatter_s + N * k * p.scatter_s + 2 * n * p.pass_s
-        return Cost(3 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent)
+        return Cost(3 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent, prep_s=n * p.select_s)
 
     def combine(self, acc, segments, sel, ring):
         k = torch.tensor([sel.indices.numel()], device=sel.values.device)

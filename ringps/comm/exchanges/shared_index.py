@@ -55,7 +55,7 @@ class SharedIndex(Exchange):
         nb = math.ceil(n / block)
         sent = ring_bytes(nb + k, N, value_bytes)  # one all-reduce: the scores ride with the values
         cpu = 3 * n * p.pass_s + nb * p.select_s * 8 + 2 * k * p.scatter_s + ring_bytes(nb + k, N, 1) * p.reduce_s
-        return Cost(2 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent)
+        return Cost(2 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent, prep_s=n * p.pass_s)  # the block scores
 
     def __init__(self, block: int = 256):
         self.block = block

@@ -74,7 +74,7 @@ class SparseReduceScatter(Exchange):
         final = seg * (1 - (1 - d) ** N)
         sent += (N - 1) * min(final * (B_IDX + B_VAL), seg * B_VAL)
         cpu = n * p.select_s + k * p.scatter_s + merged * p.scatter_s * 3 + 2 * n * p.pass_s
-        return Cost(4 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent)
+        return Cost(4 * (N - 1) * p.latency + sent / p.bandwidth, cpu, sent, prep_s=n * p.select_s)
 
     def combine(self, acc, segments, sel, ring):
         n, N, r = acc.numel(), ring.size, ring.rank
