@@ -123,7 +123,8 @@ class Exchange:
     @classmethod
     def cost(cls, n: int, k: int, N: int, p: CostParams, block: int = 256, value_bytes: int = B_VAL) -> Cost:
         """What summing a bucket of n entries with k selected per worker over N workers costs:
-        wire time (can hide behind the backward pass), CPU time, bytes sent per worker."""
+        wire time (can hide behind the backward pass), CPU time, bytes sent per worker, and the
+        part of the CPU before the first message (`prep_s`: the simulator starts the wire after it)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
