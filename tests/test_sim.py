@@ -168,6 +168,12 @@ def test_a_sparse_buckets_wire_waits_for_its_selection():
         return next(a for n, _, a, _, lane in p.timeline[0] if n == "bucket 0" and lane == "comm")
 
     shared, own = {"compute_scale": 2.0, "shared_cores": 2}, {}
+    o = Options(cpu=CostParams(select_s=4e-9))
+    p = simulate("topk-allgather", w, ClusterSpec(workers=4, net="100mbit", **shared), o, Progress(), steps=2)
+    comm = {n: (a, z) for n, _, a, z, lane in p.timeline[0] if lane == "comm" and n.startswith("bucket 0")}
+    # the trace shows the selection on the comm lane, the wire right after it
+    assert comm["bucket 0: selection"][1] == pytest.approx(comm["bucket 0"][0])
+    assert comm["bucket 0: selection"][1] - comm["bucket 0: selection"][0] == pytest.approx(large * 4e-9 * 4)
     for cluster, wall in ((shared, 2 * 4 / 2), (own, 0.0)):
         shift = bucket_start(4e-9, **cluster) - bucket_start(1e-9, **cluster)
         assert shift == pytest.approx(large * 3e-9 * wall, rel=1e-6, abs=1e-12)

@@ -1,7 +1,8 @@
 """A prediction's per-worker timeline in the trace format measured runs write (trace/sim-rank-R.json):
 the simulated spans of the first workers' first steps (engine.SHOWN_WORKERS, SHOWN_STEPS), named
 as a run's trace names them (forward, slowdown, backward, exposed communication and each bucket's
-collective on a `comm` lane; a parameter-server worker's push and its wait for the reply), so a
+collective on a `comm` lane, a sparse bucket's selection before it as `bucket N: selection`, where
+a run's trace has `<exchange>: prepare`; a parameter-server worker's push and its wait for the reply), so a
 predicted and a measured run open side by side in Perfetto."""
 
 from __future__ import annotations
