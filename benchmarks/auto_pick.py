@@ -49,6 +49,14 @@ CONTENDERS = ["allreduce", "fp16", "powersgd", "ring-topk", "ps-async"]
 RANKED_AS = {"powersgd": "powersgd (powersgd_rank=4)", "ring-topk": "ring-topk (density=0.01)"}
 
 
+def predicted_tau(reached: dict[str, float], ranking: dict[str, float]) -> tuple[float, int]:
+    """Kendall's tau of the contenders that reached the target, by measured time against the
+    ranking's predicted one (a contender under its label there, RANKED_AS), and how many."""
+    pairs = [(reached[c], ranking.get(RANKED_AS.get(c, c))) for c in reached]
+    pairs = [(m, p) for m, p in pairs if p is not None]
+    return kendall([m for m, _ in pairs], [p for _, p in pairs]), len(pairs)
+
+
 def plans(runs: list[dict]) -> list[dict]:
     return [json.loads((Path(r["run_dir"]) / "auto-plan.json").read_text()) for r in runs]
 
@@ -77,11 +85,9 @@ def judge(cell: str, runs: dict[str, list[dict]], auto: str) -> tuple[list[str],
     if auto_t is not None and all(predicted):  # how far the pick's own run lies from what was predicted for it
         lines.append(f"{cell}: {auto} predicted its pick at {' / '.join(f'{t:.1f}' for t in predicted)}s to the "
                      f"target; its runs took {auto_t:.1f}s (median): {auto_t / statistics.median(predicted):.2f}x")
-    pairs = [(reached[c], ranking.get(RANKED_AS.get(c, c))) for c in reached]
-    pairs = [(m, p) for m, p in pairs if p is not None]
-    tau = kendall([m for m, _ in pairs], [p for _, p in pairs])
+    tau, n = predicted_tau(reached, ranking)
     checks.append((f"{cell}: Kendall tau, contenders by time-to-accuracy, {auto}'s prediction against measured, >= 0.8",
-                   tau >= 0.8, f"{tau:.2f} over {len(pairs)} contenders"))
+                   tau >= 0.8, f"{tau:.2f} over {n} contenders"))
     order = sorted(reached, key=reached.get)
     lines.append(f"{cell}: measured order " + " < ".join(f"{c} {reached[c]:.1f}s" for c in order)
                  + f"; {auto} predicted " + " < ".join(f"{c} {p:.1f}s" for c, p in sorted(

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from auto_pick import RANKED_AS  # noqa: E402
-from simulator import kendall  # noqa: E402
+from auto_pick import predicted_tau  # noqa: E402
+from common import med  # noqa: E402
 
 from ringps.sim.predict import load_progress  # noqa: E402
 
@@ -71,10 +70,9 @@ def rerank(plan: dict) -> dict[str, float]:
 
 
 def judge(measured: dict[str, float], predicted: dict[str, float]) -> tuple[float, str, float]:
-    """Kendall's tau of the contenders, the pick, and the pick's measured time over the best's."""
-    pairs = [(t, predicted.get(RANKED_AS.get(c, c))) for c, t in measured.items()]
-    pairs = [(m, p) for m, p in pairs if p is not None]
-    tau = kendall([m for m, _ in pairs], [p for _, p in pairs])
+    """Kendall's tau of the contenders (auto_pick.py's), the pick, and the pick's measured time over
+    the best's."""
+    tau, _ = predicted_tau(measured, predicted)
     pick = min(predicted, key=predicted.get)
     got = measured.get(pick.split(" (")[0])
     return tau, pick, (got / min(measured.values())) if got else float("nan")
@@ -99,8 +97,9 @@ def main() -> None:
             if not plan_file.is_file():
                 continue
             plan = json.loads(plan_file.read_text())
-            measured = {c: statistics.median(t) for c, rs in runs.items() if not c.startswith("auto")
-                        if (t := [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None])}
+            # as auto_pick.py: medians over every run (one that missed the target counts as slowest)
+            measured = {c: t for c, rs in runs.items() if not c.startswith("auto")
+                        if (t := med(rs, "time_to_accuracy_s")) is not None}
             saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
             again = rerank(plan) if args.rerank else replay(plan, old, new)
             before, after = judge(measured, saved), judge(measured, again)

@@ -288,14 +288,14 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
             # a sparse bucket's selection runs on the communication thread before its first message:
             # the wire starts after the selection's wall (its CPU is charged to the cores after the
             # backward as well: there it takes core time, here it holds the wire back)
-            selected = ready + (x.prep * prep_wall(ready < bwd_end) if x.prep else 0.0)
+            selected = ready + x.prep * prep_wall(ready < bwd_end)
             if selected > ready:  # on the trace's comm lane, as a run's "<exchange>: prepare"
                 spans.append((f"bucket {n}: selection", ready, selected))
             start = max(busy, selected)
             spans.append((f"bucket {n}", start, start + x.secs))
             busy = start + x.secs
         if fused:  # ring-topk's deferred small tensors, once the last bucket is in
-            start = max(busy, max(p[2].end for p in ph))
+            start = max(busy, bwd_end)
             spans.append(("small tensors (fused)", start, start + fused_s))
             busy = start + fused_s
         end = max(busy, max(p[3].end for p in ph))
