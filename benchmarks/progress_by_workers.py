@@ -16,6 +16,7 @@ simulator is used) and on all (the shipped fit):
 
     .venv/bin/python benchmarks/progress_by_workers.py --out runs/progress-n            # 2,3,4,8,12 x 4 seeds
     .venv/bin/python benchmarks/progress_by_workers.py --workers 2,4,8 --repeats 2 --fit-upto 4
+    .venv/bin/python benchmarks/progress_by_workers.py --workers 2,3,4 --repeats 6 --first-seed 100
     ringps simulate --calibrate runs/progress-n/w*/*-r? --out cal.yaml                  # the fit, as a file
 """
 
@@ -135,13 +136,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default="2,3,4,8,12", help="worker counts, comma-separated")
     p.add_argument("--repeats", type=int, default=4, help="seeds per worker count (seed = repeat)")
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + repeats - 1 (seeds "
+                   "apart from a validation's: benchmarks/auto_pick.py runs 0..5)")
     p.add_argument("--fit-upto", type=int, default=4, help="the extrapolation check fits on counts up to this")
     p.add_argument("--read", action="store_true", help="read --out's finished runs, run nothing")
     add_out_arg(p)
     args = p.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
     out, _ = run_matrix("progress-n", {f"w{n}": {"workers": n} for n in counts}, CONTENDERS, args.repeats,
-                        {"target_accuracy": 0.9, "stop_at_target": True}, args.out, repeat_major=True,
+                        {"target_accuracy": 0.9, "stop_at_target": True}, args.out, args.first_seed, repeat_major=True,
                         run_missing=not args.read)
     write_report(out, "\n".join(report(out, args.fit_upto)) + "\n")
 
