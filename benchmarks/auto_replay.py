@@ -8,12 +8,14 @@ are priced with its factor, ringps/sim/auto.py) by f / f'. The plans are those a
 sittings' start (`<cell>-auto-plan.json` beside `results.json`), the measured times the sittings'
 medians, judged as auto_pick.py judges them (its Kendall's tau and contender labels).
 
-`--rerank` prices the synchronous candidates again with this code's engine on each plan's own
-cluster and selection costs (what auto measured at the sitting; the parameter servers' entries
-stay as saved): a change to the engine, replayed on the sittings it would have ranked.
+`--rerank` prices every candidate again with this code's engine and shipped progress model on each
+plan's own cluster and selection costs (what auto measured at the sitting; the parameter servers'
+compute from the step it measured outside DDP): a change to the engine or the progress model,
+replayed on the sittings it would have ranked.
 
     .venv/bin/python benchmarks/auto_replay.py --factor fp16=1.0 --factor powersgd=0.846 docs/results/auto-pick-1207*
     .venv/bin/python benchmarks/auto_replay.py --rerank docs/results/auto-pick-1207-{6,7,8,9,10}
+    .venv/bin/python benchmarks/auto_replay.py --rerank --progress cal.yaml docs/results/auto-pick-1207-*
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,7 +55,7 @@ def replay(plan: dict, old: dict[str, float], new: dict[str, float]) -> dict[str
     return out
 
 
-def rerank(plan: dict) -> dict[str, float]:
+def rerank(plan: dict, progress: Optional[Path] = None) -> dict[str, float]:
     """The plan's predicted times, its synchronous candidates ranked again by this code's engine on
     the plan's cluster and selection costs (the servers' as saved; ringps.launch.run ranks them on
     a cluster of their own)."""
@@ -64,9 +67,21 @@ def rerank(plan: dict) -> dict[str, float]:
 
     if "selection_costs" not in plan:
         raise SystemExit("--rerank: a plan without selection_costs (written before 749a852) cannot be ranked again")
-    choices = rank(load_workload("facenet"), ClusterSpec(**plan["cluster"]), load_calibration(None, "--rerank"),
-                   selection_cpu=CostParams(**plan["selection_costs"]), with_ps=False)
+    w = load_workload("facenet")
+    choices = rank(w, ClusterSpec(**plan["cluster"]), load_calibration(progress, "--progress"), ps_cluster=ps_cluster(plan),
+                   selection_cpu=CostParams(**plan["selection_costs"]))
     return {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]} | {c.label(): c.tta for c in choices}
+
+
+def ps_cluster(plan: dict):
+    """The cluster a parameter-server worker computed on in the plan, as ringps.launch.run built it:
+    the plan's, its compute the step measured outside DDP (`measured_step.compute_s`, as many
+    processes at once as shared the cores), per whole core, over the profile's, and no DDP split."""
+    from ringps.sim.cluster import ClusterSpec
+
+    c, m = plan["cluster"], plan["measured_step"]
+    per_core = m["compute_s"] / max(1.0, m["processes"] / c["shared_cores"]) / m["profile_compute_s"]
+    return ClusterSpec(**{**c, "compute_scale": per_core, "forward_share": None, "optimizer_share": None})
 
 
 def judge(measured: dict[str, float], predicted: dict[str, float]) -> tuple[float, str, float]:
@@ -82,13 +97,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sittings", nargs="+", type=Path, help="folders with results.json and <cell>-auto-plan.json")
     p.add_argument("--factor", action="append", default=[], help="STRATEGY=NUMBER, repeatable")
-    p.add_argument("--rerank", action="store_true", help="rank the synchronous candidates again with this code's engine")
+    p.add_argument("--rerank", action="store_true", help="rank every candidate again with this code's engine and progress model")
+    p.add_argument("--progress", type=Path, help="--rerank with this progress model (`ringps simulate --progress`'s file), "
+                   "not the shipped one")
     args = p.parse_args()
     new = factors(args.factor)
     old = load_progress(None).factor  # the shipped factors the plans were priced with
     if args.rerank and new:
         raise SystemExit("--rerank prices with the shipped factors; give --factor or --rerank, not both")
-    print("ranked again by this code's engine" if args.rerank
+    if args.progress and not args.rerank:
+        raise SystemExit("--progress FILE: only with --rerank")
+    print(f"ranked again by this code's engine, progress {args.progress or 'shipped'}" if args.rerank
           else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
     for sitting in args.sittings:
         results = json.loads((sitting / "results.json").read_text())
@@ -101,7 +120,7 @@ def main() -> None:
             measured = {c: t for c, rs in runs.items() if not c.startswith("auto")
                         if (t := med(rs, "time_to_accuracy_s")) is not None}
             saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
-            again = rerank(plan) if args.rerank else replay(plan, old, new)
+            again = rerank(plan, args.progress) if args.rerank else replay(plan, old, new)
             before, after = judge(measured, saved), judge(measured, again)
             print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
                   f"pick {before[1]} ({before[2]:.2f}x, predicted {saved[before[1]]:.1f} s) -> "

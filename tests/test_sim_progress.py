@@ -6,6 +6,7 @@ and rate, so the prediction does not hang on how many pushes the simulator ran).
 from __future__ import annotations
 
 import pytest
+import yaml
 from helpers import toy
 
 from ringps.sim.cluster import ClusterSpec
@@ -350,3 +351,30 @@ def test_auto_replay_reproduces_a_saved_plan_and_scales_only_the_refitted_strate
     assert tau == pytest.approx(1 / 3) and pick == "a" and ratio == 1.0
     tau, pick, ratio = judge({"a": 1.0, "b": 2.0, "c": 4.0}, {"a": 5.0, "b": 3.0, "c": 2.0})
     assert tau == pytest.approx(-1.0) and pick == "c" and ratio == 4.0
+
+
+def test_auto_replay_reranks_a_saved_plan_servers_included_with_a_progress_file(tmp_path):
+    """`auto_replay.py --rerank [--progress FILE]`: every candidate of a saved plan (the parameter
+    servers' on the cluster their workers computed on) priced again by this engine comes back as
+    the plan saved it (the engine has not changed since 1207-9 for this cell); a progress file
+    with fp16's factor halved and a steeper staleness price moves fp16 and the servers only."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from auto_replay import rerank
+
+    plan = json.loads((root / "docs/results/auto-pick-1207-9/w4-unshaped-auto-plan.json").read_text())
+    saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
+    again = rerank(plan)
+    assert again == pytest.approx(saved, rel=1e-6)
+    shipped = load_progress(None)
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"factor": {"fp16": shipped.factor["fp16"] / 2}, "staleness_a": 4 * shipped.staleness_a}))
+    moved = rerank(plan, f)
+    assert moved["fp16"] == pytest.approx(2 * saved["fp16"])
+    assert moved["ps-async"] > 1.05 * saved["ps-async"]
+    assert {k: v for k, v in moved.items() if k != "fp16" and not k.startswith("ps-")} == pytest.approx(
+        {k: v for k, v in saved.items() if k != "fp16" and not k.startswith("ps-")})
