@@ -176,6 +176,38 @@ def test_ring_topks_exact_tail_is_priced_as_the_hook_runs_it():
     assert "tail" not in simulate("ring-topk", w, c, Options(total_steps=100, exact_tail=0.0), p, steps=4).extra
 
 
+def test_the_progress_model_prices_each_exchange_at_its_measured_progress_by_worker_count():
+    """`Progress.sparse`: a sparse step through an exchange at the progress the model measured
+    (per worker count: the nearest count at or below, else the smallest), in place of the
+    exchange's own constant, which still chooses the exchange as the hook does: at 100 Mbit/s
+    shared-index before the exact tail, allgather in it, each at its own measured value. A
+    user's --sparse-progress overrides both, as it does the hook."""
+    from ringps.comm.exchanges import EXCHANGES
+    from ringps.sim.predict import time_to_accuracy
+
+    w = load_workload("facenet")
+    c = ClusterSpec(workers=4, net="100mbit", shared_cores=2)
+    shipped = Progress(dense_steps=60, workers_ref=4)
+    o = Options(density_warmup_epochs=0, total_steps=100)
+    short = simulate("ring-topk", w, c, o, shipped, steps=8)
+    tail = short.extra["tail"]
+    assert set(short.extra["sparse_exchanges"]) == {"shared-index"} and set(tail["sparse_exchanges"]) == {"allgather"}
+    assert short.extra["sparse_exchanges"]["shared-index"]["progress"] == EXCHANGES.get("shared-index").progress
+    measured = Progress(dense_steps=60, workers_ref=4, sparse={"shared-index": 0.5, "allgather": {2: 0.9, 4: 0.6, 8: 0.4}})
+    assert measured.sparse_at("allgather", 4, 0.88) == 0.6 and measured.sparse_at("allgather", 3, 0.88) == 0.9
+    assert measured.sparse_at("allgather", 1, 0.88) == 0.9 and measured.sparse_at("allgather", 1024, 0.88) == 0.4
+    assert measured.sparse_at("sparse-rs", 4, 0.88) == 0.88  # not measured: its own
+    # 60 dense steps: 60 at 0.5 before the tail's step 60 = 30 done, the other 30 at allgather's 0.6
+    assert time_to_accuracy(short, w, measured) == pytest.approx(60 * short.step_s + 30 / 0.6 * tail["step_s"])
+    # shipped: the exchanges' own constants, as before
+    sp, ag = EXCHANGES.get("shared-index").progress, EXCHANGES.get("allgather").progress
+    assert time_to_accuracy(short, w, shipped) == pytest.approx(60 * short.step_s + (60 - 60 * sp) / ag * tail["step_s"])
+    # the user's --sparse-progress: every sparse exchange at it, the model's measured ones aside
+    forced = simulate("ring-topk", w, c, Options(density_warmup_epochs=0, sparse_progress=0.8), measured, steps=8)
+    assert "sparse_exchanges" not in forced.extra
+    assert forced.extra["time_to_accuracy_s"] == pytest.approx(60 / 0.8 * forced.step_s)
+
+
 def test_a_runs_exact_tail_reaches_its_prediction():
     """options_of reads the run's exact tail and length; a run from before the tail has none."""
     from ringps.sim.calibrate import options_of

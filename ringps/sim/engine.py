@@ -158,6 +158,7 @@ class Comm(NamedTuple):
     dense_as: str = ""  # a whole bucket sent dense: the DDP strategy whose update it makes (its progress)
     cpu: float = 0.0  # the exchange's own CPU (selection, packing, scatter-adds) on the worker's cores
     prep: float = 0.0  # the part of `cpu` before its first message (the selection): the wire waits for it
+    exchange: str = ""  # the sparse exchange chosen (its `progress` the exchange's own; the progress model may know better)
 
 
 # PowerSGD's own CPU on a bucket (torch's powerSGD_hook), priced with the device's constants
@@ -216,7 +217,7 @@ def bucket_comm(strategy: str, b: Bucket, c: ClusterSpec, o: Options, overlap: f
         ddp = "allreduce" if ex.wire_bytes(o.value_bytes) == 4 else "fp16"
         return bucket_comm(ddp, b, c, o, overlap)._replace(selectable=large, dense_as=ddp)
     return Comm(cost.wire_s, cost.bytes_sent, large, large, small, progress_of(name, o.sparse_progress), cpu=cost.cpu_s,
-                prep=cost.prep_s)
+                prep=cost.prep_s, exchange="" if o.sparse_progress is not None else name)
 
 
 def worker_phases(c: ClusterSpec, fwd: float, bwd: float, extra: float, f: float, j: float,
@@ -329,6 +330,14 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
         extra["sparse_share"] = sparse / selectable
         if sparse:
             extra["sparse_progress"] = sum(x.sparse * x.progress for x in comm) / sparse
+            # per exchange, what it sent and its own progress (the hook's constant, which chose it):
+            # predict.sync_factor prices each at the progress model's measured one where it has one
+            by: dict[str, dict] = {}
+            for x in comm:
+                if x.sparse and x.exchange:
+                    by.setdefault(x.exchange, {"params": 0, "progress": x.progress})["params"] += x.sparse
+            if by:
+                extra["sparse_exchanges"] = by
         dense = {}  # the selectable parameters sent dense, by the DDP strategy whose update that is
         for x in comm:
             if x.dense_as:

@@ -9,8 +9,10 @@ The progress model (stated, calibrated from runs, open to the user's own: `--pro
   taken as constant (the linear-scaling regime, B infinite): dense_steps x workers_ref / N;
 - a strategy's step makes `factor[strategy]` of a dense step's progress (sparse updates, low-rank,
   local steps between averages: measured as the ratio of steps to the target); for ring-topk the
-  factor is a sparse step's, its chosen exchanges' own (`Exchange.progress`) unless the progress
-  file names one, applied to the share of its selectable parameters the cost model sends sparse
+  factor is a sparse step's through its chosen exchanges: the progress file's measured one per
+  exchange and worker count (`sparse`), else the exchange's own (`Exchange.progress`, the constant
+  the hook chooses with), unless the file names one for ring-topk itself; applied to the share of
+  its selectable parameters the cost model sends sparse
   (share x factor + (1 - share) x dense): buckets it sends whole progress as the DDP strategy
   whose all-reduce that is (fp32: allreduce's factor, 16 bits: fp16's);
 - ring-topk's exact tail (a run's last `exact_tail` of its `total_steps`, where the run's length
@@ -77,8 +79,21 @@ class Progress(BaseModel):
     # x its rate (measured apart by benchmarks/server_link.py, `--calibrate ... --duplex`); empty: 1
     duplex: dict[int, float] = {}
 
+    # a sparse step's progress through each of ring-topk's exchanges, measured (by worker count:
+    # the nearest measured count at or below, else the smallest), in place of the exchange's own
+    # constant (`Exchange.progress`, which the hook chooses with); absent: the exchange's own
+    sparse: dict[str, Union[float, dict[int, float]]] = {}
+
     def steps_factor(self, strategy: str) -> float:
         return self.factor.get(strategy, 1.0)
+
+    def sparse_at(self, exchange: str, workers: Optional[int], own: float) -> float:
+        """A sparse step's progress through `exchange` at `workers` workers: the file's, else `own`."""
+        v = self.sparse.get(exchange)
+        if v is None or isinstance(v, (int, float)):
+            return own if v is None else float(v)
+        below = [k for k in v if workers is not None and k <= workers]
+        return v[max(below)] if below else v[min(v)]
 
 
 def load_progress(path: Optional[str], flag: str = "--progress") -> Progress:
@@ -101,7 +116,7 @@ def load_calibration(path: Optional[str], flag: str) -> Progress:
     if not path:
         return shipped
     calibrated = load_progress(path, flag)
-    update: dict = {"factor": {**shipped.factor, **calibrated.factor}}
+    update: dict = {"factor": {**shipped.factor, **calibrated.factor}, "sparse": {**shipped.sparse, **calibrated.sparse}}
     if calibrated.dense_steps is None:
         update |= {"workers_ref": shipped.workers_ref, "dense_steps": shipped.dense_steps}
     if "staleness_a" not in calibrated.model_fields_set:  # the price and its form go together
@@ -185,34 +200,45 @@ def time_to_accuracy(pred: Prediction, w: Workload, prog: Progress) -> Optional[
         if pushes is None:
             return None  # every push dropped: it never gets there
         return push_time(pred, pushes) / prog.steps_factor(pred.strategy)
-    f = sync_factor(pred.strategy, pred.extra, prog)
+    f = sync_factor(pred.strategy, pred.extra, prog, workers=n)
     steps = max(1.0, need / f)  # past the linear-scaling regime: one step at least
     tail, start = pred.extra.get("tail"), pred.extra.get("tail_from_step")
     before = steps if tail is None or steps <= start else start
     warm = min(before, pred.extra.get("warmup_steps", 0))
     t = warm * pred.extra.get("warmup_step_s", pred.step_s) + (before - warm) * pred.step_s
     if before < steps:  # the rest in ring-topk's exact tail, at its exchanges' step and progress
-        t += (need - before * f) / sync_factor(pred.strategy, tail, prog, pred.extra) * tail["step_s"]
+        t += (need - before * f) / sync_factor(pred.strategy, tail, prog, pred.extra, n) * tail["step_s"]
     return t
 
 
-def sync_factor(strategy: str, extra: dict, prog: Progress, before: Optional[dict] = None) -> float:
+def sync_factor(strategy: str, extra: dict, prog: Progress, before: Optional[dict] = None,
+                workers: Optional[int] = None) -> float:
     """A synchronous step's progress against a dense one: the strategy's factor; for ring-topk
     its sparse exchanges' on the share it sends sparse, DDP's on the rest. `before`: the steps
     before ring-topk's exact tail, where `extra` is the tail's: a factor the progress file names
     (measured on the run's main exchanges) moves by the exchanges' own ratio."""
     factor = prog.steps_factor(strategy)
     if "sparse_share" in extra:  # a sparse step's factor; buckets sent dense progress as dense ones
-        if strategy not in prog.factor:  # ring-topk: its chosen exchanges' own (Exchange.progress)
-            factor = extra.get("sparse_progress", 1.0)
+        if strategy not in prog.factor:  # ring-topk: its chosen exchanges' (the progress model's, else their own)
+            factor = exchanges_progress(extra, prog, workers)
         elif before is not None:
-            factor *= extra.get("sparse_progress", 1.0) / before.get("sparse_progress", 1.0)
+            factor *= exchanges_progress(extra, prog, workers) / exchanges_progress(before, prog, workers)
         # a bucket sent whole makes DDP's update (fp32: allreduce's, 16 bits: fp16's): its factor
         as_ddp = extra.get("dense_as", {})
         whole = sum(prog.steps_factor(s) * v for s, v in as_ddp.items()) / sum(as_ddp.values()) if as_ddp else 1.0
         share = extra["sparse_share"]
         factor = share * factor + (1 - share) * whole
     return factor
+
+
+def exchanges_progress(extra: dict, prog: Progress, workers: Optional[int]) -> float:
+    """A sparse step's progress through the exchanges the engine chose, weighed by what each sent:
+    the progress model's measured one for each (`Progress.sparse`), else the exchange's own."""
+    by = extra.get("sparse_exchanges")
+    if not by:
+        return extra.get("sparse_progress", 1.0)
+    total = sum(v["params"] for v in by.values())
+    return sum(v["params"] * prog.sparse_at(k, workers, v["progress"]) for k, v in by.items()) / total
 
 
 def warmup(strategy: str, w: Workload, c: ClusterSpec, o: Options) -> tuple[int, str, Options]:
