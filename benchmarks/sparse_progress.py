@@ -10,6 +10,7 @@ every rank's own k summed, whatever moves it.
 
     .venv/bin/python benchmarks/sparse_progress.py            # the shipped value's sources
     .venv/bin/python benchmarks/sparse_progress.py R.json ...  # other run_matrix results files
+    .venv/bin/python benchmarks/sparse_progress.py --exchanges shared-index R.json
 
 Reads results.json files written by benchmarks' run_matrix (every contender's runs, in seed order).
 """
@@ -37,26 +38,35 @@ SOURCES = [  # every sitting on facenet / ORL whose runs stopped at 90% and sent
 OWN_K = ("allgather", "sparse-rs", "gloo-allgather")
 
 
-def factors(path: Path, min_share: float) -> list[tuple[str, str, int, float, float, float]]:
-    """(setting, contender, seed, share, raw ratio, factor) of every qualifying run in one file."""
+def factors(path: Path, min_share: float, names: tuple[str, ...] = OWN_K) -> list[tuple[str, str, int, float, float, float]]:
+    """(setting, contender, seed, share, raw ratio, factor) of every qualifying run in one file
+    (sent through `names` on at least `min_share` of its buckets)."""
     out = []
     for setting, contenders in json.loads(path.read_text()).items():
         dense = contenders.get("allreduce") or []
         for name, runs in contenders.items():
-            for seed, run in enumerate(runs):
-                share = sparse_share(run, OWN_K) or 0.0
-                if share < min_share or seed >= len(dense) or not (run.get("time_to_accuracy_s") and
-                                                                  dense[seed].get("time_to_accuracy_s")):
+            for i, run in enumerate(runs):
+                share = sparse_share(run, names) or 0.0
+                if share < min_share or i >= len(dense) or not (run.get("time_to_accuracy_s") and
+                                                               dense[i].get("time_to_accuracy_s")):
                     continue  # not sparse enough, no allreduce of its seed, or one of them missed the target
-                r = dense[seed]["steps"] / run["steps"]
-                out.append((setting, name, seed, share, r, sparse_factor(r, share)))
+                r = dense[i]["steps"] / run["steps"]
+                out.append((setting, name, seed_of(run, i), share, r, sparse_factor(r, share)))
     return out
+
+
+def seed_of(run: dict, i: int) -> int:
+    """A run's seed: its folder's suffix (run_matrix names it <contender>-r<seed>), else its index."""
+    tail = Path(run.get("run_dir") or "").name.rsplit("-r", 1)[-1]
+    return int(tail) if tail.isdigit() else i
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="*", help="run_matrix results.json files (default: the shipped value's sources)")
     ap.add_argument("--min-share", type=float, default=0.8, help="least share of buckets sent as every rank's own k")
+    ap.add_argument("--exchanges", default=",".join(OWN_K), help="the exchanges counted as the sparse step's "
+                    "(shared-index: its k common entries, for runs with exchange=shared-index)")
     args = ap.parse_args(argv)
     paths = [Path(p) for p in args.results] or [ROOT / s for s in SOURCES]
     rows = []
@@ -64,7 +74,7 @@ def main(argv=None) -> int:
         if not p.is_file():
             print(f"sparse_progress: no results file {p}: give run_matrix results.json files", file=sys.stderr)
             return 2
-        rows += [(p.parent.name, *r) for r in factors(p, args.min_share)]
+        rows += [(p.parent.name, *r) for r in factors(p, args.min_share, tuple(args.exchanges.split(",")))]
     if not rows:
         print("sparse_progress: no run sent its own top k on enough buckets beside an allreduce run of its seed",
               file=sys.stderr)
@@ -76,7 +86,7 @@ def main(argv=None) -> int:
     console.print(t)
     fs = [r[-1] for r in rows]
     q = statistics.quantiles(fs, n=4) if len(fs) > 1 else [fs[0]] * 3
-    console.print(f"progress of a sparse step (every rank's own k) against a dense one: median {statistics.median(fs):.3f} "
+    console.print(f"progress of a sparse step ({args.exchanges}) against a dense one: median {statistics.median(fs):.3f} "
                   f"over {len(fs)} runs (quartiles {q[0]:.3f} / {q[2]:.3f}, range {min(fs):.3f}-{max(fs):.3f})")
     return 0
 
