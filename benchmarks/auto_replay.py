@@ -80,7 +80,7 @@ def ps_cluster(plan: dict):
     from ringps.sim.cluster import ClusterSpec
 
     c, m = plan["cluster"], plan["measured_step"]
-    per_core = m["compute_s"] / max(1.0, m["processes"] / c["shared_cores"]) / m["profile_compute_s"]
+    per_core = m["compute_s"] / max(1.0, m.get("processes", 1) / c["shared_cores"]) / m["profile_compute_s"]
     return ClusterSpec(**{**c, "compute_scale": per_core, "forward_share": None, "optimizer_share": None})
 
 
