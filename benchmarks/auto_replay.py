@@ -14,6 +14,7 @@ compute from the step it measured outside DDP): a change to the engine or the pr
 replayed on the sittings it would have ranked.
 
     .venv/bin/python benchmarks/auto_replay.py --factor fp16=1.0 --factor powersgd=0.846 docs/results/auto-pick-1207*
+    .venv/bin/python benchmarks/auto_replay.py --priced fp16=1.083 --factor fp16=1.0 docs/results/auto-pick-1207
     .venv/bin/python benchmarks/auto_replay.py --rerank docs/results/auto-pick-1207-{6,7,8,9,10}
     .venv/bin/python benchmarks/auto_replay.py --rerank --progress cal.yaml docs/results/auto-pick-1207-*
 """
@@ -97,12 +98,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sittings", nargs="+", type=Path, help="folders with results.json and <cell>-auto-plan.json")
     p.add_argument("--factor", action="append", default=[], help="STRATEGY=NUMBER, repeatable")
+    p.add_argument("--priced", action="append", default=[], help="STRATEGY=NUMBER: a factor the plans were priced "
+                   "with, where it is not the shipped one (plans before 2026-12-08: fp16=1.083 powersgd=0.917 "
+                   "localsgd=0.867 topk-allgather=0.88; ring-topk's allgather 0.88), repeatable")
     p.add_argument("--rerank", action="store_true", help="rank every candidate again with this code's engine and progress model")
     p.add_argument("--progress", type=Path, help="--rerank with this progress model (`ringps simulate --progress`'s file), "
                    "not the shipped one")
     args = p.parse_args()
     new = factors(args.factor)
-    old = load_progress(None).factor  # the shipped factors the plans were priced with
+    old = load_progress(None).factor | factors(args.priced)  # the factors the plans were priced with
     if args.rerank and new:
         raise SystemExit("--rerank prices with the shipped factors; give --factor or --rerank, not both")
     if args.progress and not args.rerank:

@@ -5,12 +5,16 @@ Each run that sent at least `--min-share` of its buckets through them is paired 
 allreduce run of the same seed in the same setting; its factor is allreduce's steps to the target
 over its own, with the buckets it sent otherwise (dense, shared-index) taken at a dense step's
 progress, as `ringps simulate --calibrate` does (sim/progress_fit.sparse_factor): r = 1 - (1 - r) / share.
-The median over every run is `Exchange.progress` of the three (comm/exchanges/): one update,
-every rank's own k summed, whatever moves it.
+The median over every run is the progress model's `sparse` value of the three
+(sim/profiles/progress.yaml): one update, every rank's own k summed, whatever moves it. Its
+sources (the default) are ring-topk's runs with the exchange forced at seeds 100-105, apart from
+the seeds the validation runs; `Exchange.progress` of the three (0.88, which the hook chooses
+with) came from OLD_SOURCES, 9 of whose 20 runs are a sitting of the auto_pick grid itself.
 
     .venv/bin/python benchmarks/sparse_progress.py            # the shipped value's sources
+    .venv/bin/python benchmarks/sparse_progress.py --before   # Exchange.progress's (0.88)
     .venv/bin/python benchmarks/sparse_progress.py R.json ...  # other run_matrix results files
-    .venv/bin/python benchmarks/sparse_progress.py --exchanges shared-index R.json
+    .venv/bin/python benchmarks/sparse_progress.py --exchanges shared-index docs/results/progress-seeds100/w4/results.json
 
 Reads results.json files written by benchmarks' run_matrix (every contender's runs, in seed order).
 """
@@ -30,7 +34,12 @@ from ringps.sim.calibrate import sparse_share
 from ringps.sim.progress_fit import sparse_factor
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [  # every sitting on facenet / ORL whose runs stopped at 90% and sent their own top k
+SOURCES = [  # ring-topk with exchange=allgather at 2, 3 and 4 workers, seeds 100-105, loopback, 30 epochs
+    "docs/results/progress-seeds100/w2rt/results.json",
+    "docs/results/progress-seeds100/w3rt/results.json",
+    "docs/results/progress-seeds100/w4rt/results.json",
+]
+OLD_SOURCES = [  # every sitting on facenet / ORL before 2026-12-08 whose runs stopped at 90% and sent their own top k
     "docs/results/ring-topk-1gbit-30b/results.json",  # 4 workers, 1 Gbit/s: ring-topk and topk-allgather
     "docs/results/ring-topk-hetero-30/results.json",  # 4 workers, 100 Mbit/s, slowdown 1,1,2,4
     "docs/results/auto-pick-1207-4/results.json",  # 2-4 workers, 1 Gbit/s and unshaped, 4 seeds
@@ -67,8 +76,9 @@ def main(argv=None) -> int:
     ap.add_argument("--min-share", type=float, default=0.8, help="least share of buckets sent as every rank's own k")
     ap.add_argument("--exchanges", default=",".join(OWN_K), help="the exchanges counted as the sparse step's "
                     "(shared-index: its k common entries, for runs with exchange=shared-index)")
+    ap.add_argument("--before", action="store_true", help="the sources of Exchange.progress's 0.88 (OLD_SOURCES)")
     args = ap.parse_args(argv)
-    paths = [Path(p) for p in args.results] or [ROOT / s for s in SOURCES]
+    paths = [Path(p) for p in args.results] or [ROOT / s for s in (OLD_SOURCES if args.before else SOURCES)]
     rows = []
     for p in paths:
         if not p.is_file():
