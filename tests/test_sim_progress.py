@@ -32,6 +32,36 @@ def test_calibration_fits_progress_factors_against_allreduce():
     assert "powersgd" not in f and "ps-async" not in f  # never reached; asynchronous pushes are priced by staleness
 
 
+def test_calibration_fits_each_exchanges_progress_from_runs_that_sent_through_it(tmp_path):
+    """`fit_sparse` (`ringps simulate --calibrate`'s `sparse:`): ring-topk's runs that sent their
+    sparse buckets through one exchange (at least 80%, read from the summary's exchanges_chosen)
+    give that exchange's progress, share-adjusted, the median per exchange; a run with two
+    exchanges near even, or mostly dense, gives none."""
+    from pathlib import Path
+
+    from ringps.sim.calibrate import Measured, main_exchange
+    from ringps.sim.progress_fit import fit_sparse
+
+    def stats(chosen):
+        return {"strategy_stats": {"rank0": {"exchanges_chosen": chosen}}}
+
+    assert main_exchange(stats({"allgather": 71, "dense-fp16": 4})) == "allgather"
+    assert main_exchange(stats({"allgather": 50, "shared-index": 40})) is None
+    assert main_exchange(stats({"dense": 10})) is None and main_exchange({}) is None
+
+    def m(strategy, steps, seed, name=None, share=None):
+        return Measured(Path(f"/r/{strategy}{seed}"), strategy, 4, 1, None, None, 1.0, 2.0, steps, 100.0, seed,
+                        "facenet", {"sparse_share": share, "sparse_exchange": name, "sparse_exchange_share": share})
+
+    runs = [m("allreduce", 50, 0), m("allreduce", 60, 1), m("allreduce", 45, 2),
+            m("ring-topk", 100, 0, "shared-index", 1.0), m("ring-topk", 60, 1, "allgather", 1.0),
+            m("ring-topk", 75, 2, "allgather", 0.9), m("ring-topk", 80, 1, None, 1.0), m("ring-topk", 90, 2, "allgather", 0.2)]
+    got = fit_sparse(runs)
+    assert got["shared-index"] == pytest.approx(0.5)
+    assert got["allgather"] == pytest.approx((1.0 + (1 - (1 - 45 / 75) / 0.9)) / 2, abs=1e-3)
+    assert set(got) == {"shared-index", "allgather"}
+
+
 def test_calibration_prices_staleness_from_the_pushes_an_async_run_needed(tmp_path):
     """`staleness_a` from run folders: allreduce reached the target in 50 steps at 4 workers, so
     50 x 4 = 200 pushes of fresh gradients would have; the ps-async run needed 260, every one 3

@@ -170,6 +170,8 @@ def read_run(run: Path) -> Measured:
                     s.get("time_to_accuracy_s"), cfg["run"]["seed"], cfg["model"]["model"],
                     {"staleness_histogram": s.get("staleness_histogram"), "pushes_applied": s.get("pushes_applied"),
                      "pushes_dropped": s.get("pushes_dropped"), "sparse_share": sparse_share(s),
+                     "sparse_exchange": (main := main_exchange(s)),
+                     "sparse_exchange_share": sparse_share(s, (main,)) if main else None,
                      "to_target": to_target},
                     options_of(cfg, s, next((r.get("steps") for r in rows if r["kind"] == "start"), None)),
                     label=run.name.rsplit("-r", 1)[0] if re.search(r"-r\d+$", run.name) else run.name,
@@ -221,6 +223,17 @@ def sparse_share(summary: dict, names: Optional[tuple[str, ...]] = None) -> Opti
     total = sum(chosen.values())
     counted = (lambda k: k in names) if names is not None else (lambda k: not EXCHANGES.get(k).whole)
     return sum(v for k, v in chosen.items() if counted(k)) / total if total else None
+
+
+def main_exchange(summary: dict, least: float = 0.8) -> Optional[str]:
+    """The sparse exchange that carried at least `least` of ring-topk's sparse bucket exchanges
+    (None: no record, none sparse, or no one exchange that far ahead)."""
+    chosen = ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
+    sparse = {k: v for k, v in chosen.items() if not EXCHANGES.get(k).whole}
+    if not sparse:
+        return None
+    name = max(sparse, key=sparse.get)
+    return name if sparse[name] >= least * sum(sparse.values()) else None
 
 
 def plain(runs: list[Measured]) -> dict[str, list[Measured]]:
@@ -436,7 +449,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     servers' lossy links as the calibration did."""
     from ringps.sim.engine import ITEMISED_CPU
     from ringps.sim.predict import load_progress
-    from ringps.sim.progress_fit import fit_dense_steps, fit_progress, staleness_fit
+    from ringps.sim.progress_fit import fit_dense_steps, fit_progress, fit_sparse, staleness_fit
     from ringps.sim.workload import load_workload
 
     runs = [read_run(r) for r in run_dirs]
@@ -447,6 +460,9 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     f = fit(runs, w, duplex_from_probes(duplex_probes) if duplex_probes else None)
     cpu = fit_cpu(runs, w, f)
     factor = fit_progress(runs)
+    sparse = fit_sparse(runs)
+    if sparse:  # per exchange (the model weighs each bucket's own): ring-topk's one factor would override them
+        factor.pop("ring-topk", None)
     stale, stale_line = staleness_fit(runs, load_progress(None).staleness_form)
     dense = fit_dense_steps(runs)
     console.print(f"compute: measured = {f.compute_a:.3f} x profile per whole core ({cores()} cores shared by each "
@@ -469,6 +485,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
                       + (f", slowdown {','.join(f'{x:g}' for x in m.slowdown)}" if m.slowdown else "") + f": step {m.step_s:.3f}s "
                       f"measured, {p:.3f}s predicted ({err:+.0%})")
     console.print(f"fit: median step-time error {statistics.median(errors):.1%} over {len(runs)} runs; progress factors {factor}; "
+                  + (f"ring-topk's exchanges {sparse}; " if sparse else "")
                   + (f"steps to the target {dense['dense_steps']:g} at {dense['workers_ref']} workers"
                      + (f", gradient noise scale {dense['noise_batch']:g} samples" if "noise_batch" in dense else "") + "; "
                      if dense else "")
@@ -476,7 +493,7 @@ def calibrate(run_dirs: list[Path], out: Optional[str], console, duplex_probes: 
     doc = {"source": f"calibrated from {len(runs)} runs ({', '.join(sorted({m.strategy for m in runs}))})",
            # steps to the target only where allreduce's runs reached it (else the profile's own)
            **dense,
-           "factor": factor, **stale,
+           "factor": factor, **({"sparse": sparse} if sparse else {}), **stale,
            "compute_a": round(f.compute_a, 4), "efficiency": round(f.efficiency, 4),
            "server_efficiency": f.server_efficiency, "cpu_per_byte": f.cpu_per_byte,
            "ps_compute_a": round(f.ps_compute_a, 4) if f.ps_compute_a else None, "jitter": f.jitter,

@@ -2,6 +2,7 @@
 
 - `factor`: per synchronous strategy, its steps to the target against allreduce's in the same
   setting and seed (ring-topk's as a sparse step's, on the share its cost model sent sparse);
+- `sparse`: per exchange, the same from ring-topk's runs that sent through that one exchange;
 - `dense_steps`, `workers_ref`, `noise_batch`: allreduce's steps to the target, and with two or
   more worker counts the gradient noise scale that moves them with the workers;
 - `staleness_a`: the price of an asynchronous push's staleness, from the parameter-server runs
@@ -41,6 +42,24 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
                 r = sparse_factor(r, share)
             ratios.setdefault(strategy, []).append(r)
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
+
+
+def fit_sparse(runs: list[Measured]) -> dict[str, float]:
+    """Per sparse exchange, a sparse step's progress through it (`Progress.sparse`): from ring-topk's
+    runs whose sparse buckets went through that one exchange (`Measured.extra["sparse_exchange"]`:
+    at least 80% of them, as with `exchange=NAME`), allreduce's steps to the target over theirs, the
+    same setting and seed, on the share sent through it (the rest taken at a dense step's progress,
+    as benchmarks/sparse_progress.py takes it); the median over each exchange's runs."""
+    ref, ratios = allreduce_steps(runs), {}
+    for m in runs:
+        name, share, base = m.extra.get("sparse_exchange"), m.extra.get("sparse_exchange_share"), ref.get(setting(m))
+        if m.strategy != "ring-topk" or not (name and share and share >= 0.5 and base and m.steps_to_target):
+            continue
+        tail = m.options.tail_from if m.options is not None else None
+        if tail is not None and m.steps_to_target > tail:  # the exact tail's exchanges mixed in
+            continue
+        ratios.setdefault(name, []).append(sparse_factor(base / m.steps_to_target, share))
+    return {k: round(statistics.median(v), 3) for k, v in sorted(ratios.items())}
 
 
 def sparse_factor(ratio: float, share: float) -> float:
