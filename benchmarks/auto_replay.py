@@ -85,11 +85,13 @@ def ps_cluster(plan: dict):
     return ClusterSpec(**{**c, "compute_scale": per_core, "forward_share": None, "optimizer_share": None})
 
 
-def judge(measured: dict[str, float], predicted: dict[str, float]) -> tuple[float, str, float]:
-    """Kendall's tau of the contenders (auto_pick.py's), the pick, and the pick's measured time over
-    the best's."""
+def judge(measured: dict[str, float], predicted: dict[str, float], resolution: float = 0.0) -> tuple[float, str, float]:
+    """Kendall's tau of the contenders (auto_pick.py's), the pick (`recommend`'s at `resolution`; 0,
+    the fastest, as auto chose before 2026-12-08), and the pick's measured time over the best's."""
+    from ringps.sim.auto import recommend
+
     tau, _ = predicted_tau(measured, predicted)
-    pick = min(predicted, key=predicted.get)
+    pick = recommend(predicted, resolution)
     got = measured.get(pick.split(" (")[0])
     return tau, pick, (got / min(measured.values())) if got else float("nan")
 
@@ -102,6 +104,8 @@ def main() -> None:
                    "with, where it is not the shipped one (plans before 2026-12-08: fp16=1.083 powersgd=0.917 "
                    "localsgd=0.867 topk-allgather=0.88; ring-topk's allgather 0.88), repeatable")
     p.add_argument("--rerank", action="store_true", help="rank every candidate again with this code's engine and progress model")
+    p.add_argument("--resolution", type=float, default=None, help="the replay's picks at this --auto-resolution "
+                   "(default the shipped 0.05; the saved plans chose the fastest)")
     p.add_argument("--progress", type=Path, help="--rerank with this progress model (`ringps simulate --progress`'s file), "
                    "not the shipped one")
     args = p.parse_args()
@@ -113,6 +117,9 @@ def main() -> None:
         raise SystemExit("--progress FILE: only with --rerank")
     print(f"ranked again by this code's engine, progress {args.progress or 'shipped'}" if args.rerank
           else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
+    from ringps.sim.auto import RESOLUTION
+
+    resolution = RESOLUTION if args.resolution is None else args.resolution
     for sitting in args.sittings:
         results = json.loads((sitting / "results.json").read_text())
         for cell, runs in results.items():
@@ -125,7 +132,7 @@ def main() -> None:
                         if (t := med(rs, "time_to_accuracy_s")) is not None}
             saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
             again = rerank(plan, args.progress) if args.rerank else replay(plan, old, new)
-            before, after = judge(measured, saved), judge(measured, again)
+            before, after = judge(measured, saved), judge(measured, again, resolution)
             print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
                   f"pick {before[1]} ({before[2]:.2f}x, predicted {saved[before[1]]:.1f} s) -> "
                   f"{after[1]} ({after[2]:.2f}x, predicted {again[after[1]]:.1f} s)")

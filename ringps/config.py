@@ -189,6 +189,10 @@ class StrategyConfig(Section):
     auto_calibration: Optional[str] = Field(
         None, description="--strategy auto: this cluster's calibration file (ringps simulate --calibrate RUN... --out FILE): "
         "its compute, links and progress; default: the shipped profile's compute and 0.95 link efficiency")
+    auto_resolution: float = Field(
+        0.05, ge=0, lt=1, description="--strategy auto: candidates predicted within this fraction of the fastest are "
+        "ties to the simulator (its held-out step time lies a median 5% from runs), and the plainest update among "
+        "them is chosen (DDP's all-reduce, then 16 bits, low-rank, sparse, local steps, the parameter servers); 0: the fastest")
     layer_strategy: Literal["off", "auto"] = Field(
         "off", description="auto: per-layer methods, wait-free pushes, priority pulls (ps-async/threshold/stale-lr, ring-topk)")
 

@@ -5,6 +5,7 @@ threshold drops), workload and cluster files validated in one line, the CLI's JS
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -469,6 +470,36 @@ def test_a_profile_without_steps_to_its_target_says_how_to_get_a_time_to_accurac
                           capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stderr
     assert "so ranked by step time alone" in " ".join(plan.stdout.split()) and "inf s" not in plan.stdout
+
+
+def test_auto_recommends_the_plainest_update_among_the_models_ties():
+    """`recommend`: candidates within the resolution of the fastest are ties to the model, and the
+    plainest (CANDIDATES' order: all-reduce, 16 bits, low-rank, sparse, local steps, servers) is
+    recommended (hand-computed: PowerSGD 0.5% ahead of fp16 gives fp16, as at 4 workers, 1 Gbit/s,
+    1,1,2,4 in RESULTS §6; 6% ahead stays PowerSGD); 0: the fastest. `rank` puts the
+    recommendation first and the rest fastest first; `reasons` says why it is not the fastest."""
+    from ringps.sim.auto import PLAIN_ORDER, rank, reasons, recommend
+
+    tied = {"powersgd (powersgd_rank=2)": 66.1, "fp16": 66.2, "ring-topk (density=0.01)": 68.8, "allreduce": 81.1}
+    assert recommend(tied) == "fp16" and recommend(tied, 0.0) == "powersgd (powersgd_rank=2)"
+    assert recommend({**tied, "fp16": 70.1}) == "powersgd (powersgd_rank=2)"  # 6% behind: not a tie
+    assert recommend({**tied, "allreduce": 66.5}) == "allreduce"  # within 5% of the fastest too: plainer still
+    assert recommend({"fp16": math.inf, "allreduce": math.inf}) == "fp16"  # nothing finite: the fastest, as sorted
+    assert PLAIN_ORDER.index("allreduce") < PLAIN_ORDER.index("fp16") < PLAIN_ORDER.index("powersgd (powersgd_rank=2)") \
+        < PLAIN_ORDER.index("ring-topk (density=0.01)") < PLAIN_ORDER.index("localsgd (local_period=4)") < PLAIN_ORDER.index("ps-async")
+    # at 100 Mbit/s ring-topk is the fastest by far; a resolution of 200% makes PowerSGD (~2.8x slower) a tie
+    w, c = load_workload("facenet"), ClusterSpec(workers=4, net="100mbit", shared_cores=2)
+    prog = Progress(dense_steps=55, workers_ref=4)
+    fastest = rank(w, c, prog, resolution=0.0, with_ps=False)
+    loose = rank(w, c, prog, resolution=2.0, with_ps=False)
+    times = {ch.label(): ch.tta for ch in fastest}
+    assert [ch.tta for ch in fastest] == sorted(ch.tta for ch in fastest)
+    assert fastest[0].label() == "ring-topk (density=0.01)" == rank(w, c, prog, with_ps=False)[0].label()
+    assert loose[0].label() == recommend(times, 2.0) != fastest[0].label() and loose[0].strategy == "powersgd"
+    assert [ch.label() for ch in loose[1:]] == [ch.label() for ch in fastest if ch.label() != loose[0].label()]
+    why = reasons(loose)
+    assert why.startswith(loose[0].label()) and f"{fastest[0].label()} is predicted" in why and "resolution" in why
+    assert "resolution" not in reasons(fastest)
 
 
 def test_plan_auto_takes_the_cluster_as_simulate_does(tmp_path):

@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "does: time the job's step here, every worker a process on these cores (--net loopback: unshaped)")
     p.add_argument("--calibration", help="--auto --here: price it with this calibration file instead "
                    "(ringps simulate --calibrate RUN... --out FILE)")
+    p.add_argument("--auto-resolution", type=float, help="--auto: predictions within this fraction of the fastest are "
+                   "ties, and the plainest update among them is recommended (`ringps train`'s flag; default 0.05; 0: the fastest)")
     p.add_argument("--sparse-progress", type=float, help="--auto: a sparse step's progress against a dense one for "
                    "ring-topk's exchanges (`ringps train`'s flag; default: each exchange's own)")
 
@@ -72,7 +74,7 @@ def run_auto(args: argparse.Namespace) -> int:
         job = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size, "workers": args.workers,
                "servers": args.servers, "net": None if args.net in (None, "loopback") else args.net, "threads": args.threads,
                "slowdown": args.slowdown, "auto_calibration": args.calibration, "strategy": "auto",
-               "sparse_progress": args.sparse_progress}
+               "sparse_progress": args.sparse_progress, "auto_resolution": args.auto_resolution}
         choices, c, measured, w, _ = auto_choices(load_config(None, {k: v for k, v in job.items() if v is not None}),
                                                "--calibration")
     else:
@@ -81,9 +83,11 @@ def run_auto(args: argparse.Namespace) -> int:
         from ringps.config import load_config
         from ringps.sim.engine import Options
 
-        if args.sparse_progress is not None:  # train's bounds, its one-line error
-            load_config(None, {"sparse_progress": args.sparse_progress})
-        choices, measured = rank(w, c, load_progress(None), base=Options(sparse_progress=args.sparse_progress)), None
+        # train's bounds, their one-line errors
+        own = load_config(None, {k: v for k, v in (("sparse_progress", args.sparse_progress),
+                                                    ("auto_resolution", args.auto_resolution)) if v is not None})
+        choices, measured = rank(w, c, load_progress(None), base=Options(sparse_progress=args.sparse_progress),
+                                 resolution=own.strategy.auto_resolution), None
     t = Table("rank", "strategy (setting)", "time-to-accuracy", "step", "utilization", "MB/step", "staleness / drops")
     for i, ch in enumerate(choices):
         p = ch.prediction

@@ -118,7 +118,8 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail, sparse_progress=cfg.compress.sparse_progress)
     sel = selection_costs(gpu)
     # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
-    return rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=not gpu, selection_cpu=sel), c, measured, w, sel
+    return (rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=not gpu, selection_cpu=sel,
+                 resolution=cfg.strategy.auto_resolution), c, measured, w, sel)
 
 
 def selection_costs(gpu: bool) -> Optional[Any]:

@@ -5,6 +5,12 @@ The progress factors were measured at each strategy's default setting; a variant
 period or threshold) is priced with its strategy's factor, a stated assumption. Left out: ring-topk
 below the measured density (its factor would make a sparser run look free) and DiLoCo (it trains
 only with the paper's inner optimizer, which the choice does not set: SGD inside collapsed).
+
+Candidates predicted within `resolution` of the fastest (5% by default: the simulator's held-out
+step time lies a median 5.1% from the runs', docs/RESULTS.md §6) are ties to the model, and the
+recommendation is the plainest update among them, the first in CANDIDATES' order: a near-tie
+decided by the start-up measurement's noise flipped 4 workers at 1 Gbit/s from fp16 to PowerSGD,
+1.18x slower in the runs (§6).
 """
 
 from __future__ import annotations
@@ -29,6 +35,28 @@ CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     *[("ps-threshold", {"staleness_threshold": t}) for t in (None, 2)],
 ]
 
+RESOLUTION = 0.05  # config.StrategyConfig.auto_resolution's default
+
+
+def label_of(strategy: str, settings: dict[str, Any]) -> str:
+    s = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None)
+    return f"{strategy} ({s})" if s else strategy
+
+
+# plainest first: DDP's all-reduce, 16 bits, low-rank, sparse, local steps, the parameter servers' staleness
+PLAIN_ORDER = [label_of(s, o) for s, o in CANDIDATES]
+
+
+def recommend(times: dict[str, float], resolution: float = RESOLUTION) -> str:
+    """The label to recommend among predicted times-to-accuracy: the plainest (PLAIN_ORDER) of those
+    within `resolution` of the fastest; the fastest where none is finite or resolution is 0."""
+    best = min(times, key=times.get)
+    if not math.isfinite(times[best]) or resolution <= 0:
+        return best
+    near = [k for k, t in times.items() if t <= times[best] * (1 + resolution)]
+    return min(near, key=lambda k: (PLAIN_ORDER.index(k) if k in PLAIN_ORDER else len(PLAIN_ORDER), times[k]))
+
+
 # the strategies whose exchanges select top-k entries, priced per element (ringps.cost): with
 # CostParams's defaults an uncalibrated host's, with `rank`'s selection_cpu the hosts' measured ones
 SELECTING = ("ring-topk", "topk-allgather")
@@ -46,14 +74,14 @@ class Choice:
         return math.inf if t is None else t
 
     def label(self) -> str:
-        s = ", ".join(f"{k}={v}" for k, v in self.settings.items() if v is not None)
-        return f"{self.strategy} ({s})" if s else self.strategy
+        return label_of(self.strategy, self.settings)
 
 
 def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Optional[Options] = None,
          ps_cluster: Optional[ClusterSpec] = None, with_ps: bool = True,
-         selection_cpu: Optional[CostParams] = None) -> list[Choice]:
-    """Every candidate, fastest predicted time-to-accuracy first; `ps_cluster`: the cluster as a
+         selection_cpu: Optional[CostParams] = None, resolution: float = RESOLUTION) -> list[Choice]:
+    """Every candidate, the recommendation first (`recommend`: the plainest within `resolution`
+    of the fastest), then fastest predicted time-to-accuracy first; `ps_cluster`: the cluster as a
     parameter-server worker computes on it (calibration fits its compute apart; under torchrun
     fewer workers, the servers among the ranks), default `c`; `with_ps`: the parameter servers too;
     `selection_cpu`: the per-element costs ring-topk's hook will measure on these hosts
@@ -69,7 +97,9 @@ def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Opt
         if selection_cpu is not None and strategy in SELECTING:
             o = replace(o, cpu=selection_cpu)
         out.append(Choice(strategy, settings, simulate(strategy, w, on, o, prog, steps=steps)))
-    return sorted(out, key=lambda ch: (ch.tta, ch.prediction.step_s))
+    out.sort(key=lambda ch: (ch.tta, ch.prediction.step_s))
+    pick = recommend({ch.label(): ch.tta for ch in out}, resolution)
+    return sorted(out, key=lambda ch: ch.label() != pick)  # stable: the rest stay fastest first
 
 
 def seconds(s: float) -> str:
@@ -89,7 +119,11 @@ def reasons(choices: list[Choice]) -> str:
                 "not count the steps each strategy needs")
     why = (f"{best.label()}: predicted time-to-accuracy {seconds(best.tta)} (step {p.step_s:.3f} s, {p.utilization:.0%} "
            f"utilization, {p.bytes_per_step / 1e6:.1f} MB sent per step)")
-    if runner is not None and math.isfinite(runner.tta):
+    fastest = min(choices, key=lambda c: c.tta)
+    if fastest.tta < best.tta:
+        why += (f"; {fastest.label()} is predicted {seconds(fastest.tta)}, {best.tta / fastest.tta - 1:.1%} faster: within "
+                f"the model's resolution (--auto-resolution), so the plainer update")
+    elif runner is not None and math.isfinite(runner.tta):
         why += f"; next: {runner.label()} at {seconds(runner.tta)} ({runner.tta / best.tta:.2f}x)"
     dense = next((c for c in choices if c.strategy == "allreduce"), None)
     if dense is not None and math.isfinite(dense.tta) and dense is not best:
