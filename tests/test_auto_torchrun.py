@@ -23,7 +23,7 @@ def test_the_group_prices_its_measured_links_and_its_hosts(tmp_path):
     the parameter servers among the ranks (WORLD_SIZE - servers workers); on CUDA a device each and
     only the collective strategies (a parameter server's ranks talk gloo). At 100 Mbit/s a
     compute-light job's 43 MB exchange is exposed and ring-topk wins; at 100 Gbit/s every exchange
-    hides and fp16 wins by its fewer steps."""
+    hides, fp16 makes allreduce's update in as many steps, and the plainer of the tie wins."""
     from ringps.launch.auto_group import _choose
     from ringps.launch.run import auto_choices
 
@@ -43,7 +43,8 @@ def test_the_group_prices_its_measured_links_and_its_hosts(tmp_path):
     fast, plan = _choose(cfg, (5e-5, 100e9 / 8), 4, True)
     assert plan["links"]["bandwidth_bytes_s"] == 100e9 / 8 and plan["cluster"]["workers"] == 8
     assert fast.strategy.strategy == plan["chosen"].split(" ")[0] and fast.run.workers == 8
-    assert plan["chosen"] == "fp16"  # every exchange hides: the fewest steps (fp16's factor) win
+    # every exchange hides: the strategies whose update is DDP's tie, and the plainest, DDP's all-reduce, wins
+    assert plan["chosen"] == "allreduce" and "resolution" in plan["reasons"]
 
 
 def torchrun(tmp_path, *flags, procs: int = 2):
