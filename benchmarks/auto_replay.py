@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from auto_pick import predicted_tau  # noqa: E402
 from common import med  # noqa: E402
 
+from ringps.sim.auto import RESOLUTION, recommend  # noqa: E402
 from ringps.sim.predict import load_progress  # noqa: E402
 
 
@@ -88,8 +89,6 @@ def ps_cluster(plan: dict):
 def judge(measured: dict[str, float], predicted: dict[str, float], resolution: float = 0.0) -> tuple[float, str, float]:
     """Kendall's tau of the contenders (auto_pick.py's), the pick (`recommend`'s at `resolution`; 0,
     the fastest, as auto chose before 2026-12-08), and the pick's measured time over the best's."""
-    from ringps.sim.auto import recommend
-
     tau, _ = predicted_tau(measured, predicted)
     pick = recommend(predicted, resolution)
     got = measured.get(pick.split(" (")[0])
@@ -117,8 +116,6 @@ def main() -> None:
         raise SystemExit("--progress FILE: only with --rerank")
     print(f"ranked again by this code's engine, progress {args.progress or 'shipped'}" if args.rerank
           else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
-    from ringps.sim.auto import RESOLUTION
-
     resolution = RESOLUTION if args.resolution is None else args.resolution
     for sitting in args.sittings:
         results = json.loads((sitting / "results.json").read_text())

@@ -216,10 +216,15 @@ def fit_shares(runs: list[Measured]) -> tuple[Optional[float], Optional[float]]:
     return tuple(round(statistics.median(x), 4) for x in zip(*shares))
 
 
+def exchanges_chosen(summary: dict) -> dict[str, int]:
+    """ring-topk's bucket exchanges by the exchange its cost model chose (rank 0's; {}: no record)."""
+    return ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
+
+
 def sparse_share(summary: dict, names: Optional[tuple[str, ...]] = None) -> Optional[float]:
     """The share of ring-topk's bucket exchanges its cost model sent sparse, or by one of `names`
     (None: no record)."""
-    chosen = ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
+    chosen = exchanges_chosen(summary)
     total = sum(chosen.values())
     counted = (lambda k: k in names) if names is not None else (lambda k: not EXCHANGES.get(k).whole)
     return sum(v for k, v in chosen.items() if counted(k)) / total if total else None
@@ -228,8 +233,7 @@ def sparse_share(summary: dict, names: Optional[tuple[str, ...]] = None) -> Opti
 def main_exchange(summary: dict, least: float = 0.8) -> Optional[str]:
     """The sparse exchange that carried at least `least` of ring-topk's sparse bucket exchanges
     (None: no record, none sparse, or no one exchange that far ahead)."""
-    chosen = ((summary.get("strategy_stats") or {}).get("rank0") or {}).get("exchanges_chosen") or {}
-    sparse = {k: v for k, v in chosen.items() if not EXCHANGES.get(k).whole}
+    sparse = {k: v for k, v in exchanges_chosen(summary).items() if not EXCHANGES.get(k).whole}
     if not sparse:
         return None
     name = max(sparse, key=sparse.get)

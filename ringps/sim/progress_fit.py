@@ -28,19 +28,12 @@ def fit_progress(runs: list[Measured]) -> dict[str, float]:
     ref = allreduce_steps(runs)
     ratios: dict[str, list[float]] = {}
     for strategy, ms in plain(runs).items():
+        if strategy.startswith("ps-"):
+            continue
         for m in ms:
-            base = ref.get(setting(m))
-            if not (base and m.steps_to_target) or strategy.startswith("ps-"):
-                continue
-            tail = m.options.tail_from if m.options is not None else None
-            if tail is not None and m.steps_to_target > tail:  # reached in ring-topk's exact tail: two
-                continue  # exchanges' progress mixed (predict.py weighs them apart)
-            r, share = base / m.steps_to_target, m.extra.get("sparse_share")
-            if share is not None:
-                if share < 0.5:  # mostly dense: says little about a sparse step
-                    continue
-                r = sparse_factor(r, share)
-            ratios.setdefault(strategy, []).append(r)
+            r = step_progress(m, ref, m.extra.get("sparse_share"))
+            if r is not None:
+                ratios.setdefault(strategy, []).append(r)
     return {k: round(statistics.median(v), 3) for k, v in ratios.items()}
 
 
@@ -52,14 +45,29 @@ def fit_sparse(runs: list[Measured]) -> dict[str, float]:
     as benchmarks/sparse_progress.py takes it); the median over each exchange's runs."""
     ref, ratios = allreduce_steps(runs), {}
     for m in runs:
-        name, share, base = m.extra.get("sparse_exchange"), m.extra.get("sparse_exchange_share"), ref.get(setting(m))
-        if m.strategy != "ring-topk" or not (name and share and share >= 0.5 and base and m.steps_to_target):
-            continue
-        tail = m.options.tail_from if m.options is not None else None
-        if tail is not None and m.steps_to_target > tail:  # the exact tail's exchanges mixed in
-            continue
-        ratios.setdefault(name, []).append(sparse_factor(base / m.steps_to_target, share))
+        name = m.extra.get("sparse_exchange")
+        if m.strategy == "ring-topk" and name and m.extra.get("sparse_exchange_share"):
+            r = step_progress(m, ref, m.extra["sparse_exchange_share"])
+            if r is not None:
+                ratios.setdefault(name, []).append(r)
     return {k: round(statistics.median(v), 3) for k, v in sorted(ratios.items())}
+
+
+def step_progress(m: Measured, ref: dict[tuple, int], share: Optional[float]) -> Optional[float]:
+    """A run's step against a dense one: allreduce's steps to the target (`ref`, by setting) over
+    its own, as a sparse step's on `share` where one is given. None where the run says nothing of
+    it: no allreduce run or target reached, reached in ring-topk's exact tail (two exchanges'
+    progress mixed: predict.py weighs them apart), or mostly dense (share under 0.5)."""
+    base = ref.get(setting(m))
+    if not (base and m.steps_to_target):
+        return None
+    tail = m.options.tail_from if m.options is not None else None
+    if tail is not None and m.steps_to_target > tail:
+        return None
+    r = base / m.steps_to_target
+    if share is None:
+        return r
+    return sparse_factor(r, share) if share >= 0.5 else None
 
 
 def sparse_factor(ratio: float, share: float) -> float:
