@@ -10,8 +10,9 @@ medians, judged as auto_pick.py judges them (its Kendall's tau and contender lab
 
 `--rerank` prices every candidate again with this code's engine and shipped progress model on each
 plan's own cluster and selection costs (what auto measured at the sitting; the parameter servers'
-compute from the step it measured outside DDP): a change to the engine or the progress model,
-replayed on the sittings it would have ranked.
+compute from the step it measured outside DDP; the synchronous steps' wait to line up from the
+DDP step it measured, where a plan from before 2026-12-08 has that step but not the wait): a
+change to the engine or the progress model, replayed on the sittings it would have ranked.
 
     .venv/bin/python benchmarks/auto_replay.py --factor fp16=1.0 --factor powersgd=0.846 docs/results/auto-pick-1207*
     .venv/bin/python benchmarks/auto_replay.py --priced fp16=1.083 --factor fp16=1.0 docs/results/auto-pick-1207
@@ -57,12 +58,13 @@ def replay(plan: dict, old: dict[str, float], new: dict[str, float]) -> dict[str
     return out
 
 
-def rerank(plan: dict, progress: Optional[Path] = None) -> dict[str, float]:
-    """The plan's predicted times, its synchronous candidates ranked again by this code's engine on
-    the plan's cluster and selection costs (the servers' as saved; ringps.launch.run ranks them on
-    a cluster of their own)."""
+def rerank(plan: dict, progress: Optional[Path] = None, wait: bool = True) -> dict[str, float]:
+    """The plan's predicted times, every candidate ranked again by this code's engine on the plan's
+    cluster and selection costs (the servers' on their workers' cluster, `ps_cluster`); `wait`:
+    a plan from before 2026-12-08 with a measured DDP step charges its synchronous steps the wait
+    beyond the model's that auto charges now (sim/auto.py `sync_wait`); False: as it was priced."""
     from ringps.cost import CostParams
-    from ringps.sim.auto import rank
+    from ringps.sim.auto import rank, sync_wait
     from ringps.sim.cluster import ClusterSpec
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
@@ -70,8 +72,13 @@ def rerank(plan: dict, progress: Optional[Path] = None) -> dict[str, float]:
     if "selection_costs" not in plan:
         raise SystemExit("--rerank: a plan without selection_costs (written before 749a852) cannot be ranked again")
     w = load_workload("facenet")
-    choices = rank(w, ClusterSpec(**plan["cluster"]), load_calibration(progress, "--progress"), ps_cluster=ps_cluster(plan),
-                   selection_cpu=CostParams(**plan["selection_costs"]))
+    prog = load_calibration(progress, "--progress")
+    c = ClusterSpec(**plan["cluster"])
+    m = plan["measured_step"]
+    if wait and "sync_wait_s" not in plan["cluster"] and m and m.get("sync_step_s"):  # as auto prices it since 2026-12-08
+        loopback = c.model_copy(update={"workers": m["processes"], "net": "10gbit", "slowdown": None})
+        c = c.model_copy(update={"sync_wait_s": sync_wait(m["sync_step_s"], loopback, w, prog)})
+    choices = rank(w, c, prog, ps_cluster=ps_cluster(plan), selection_cpu=CostParams(**plan["selection_costs"]))
     return {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]} | {c.label(): c.tta for c in choices}
 
 
@@ -81,7 +88,7 @@ def ps_cluster(plan: dict):
     processes at once as shared the cores), per whole core, over the profile's, and no DDP split."""
     from ringps.sim.cluster import ClusterSpec
 
-    c, m = plan["cluster"], plan["measured_step"]
+    c, m = {**plan["cluster"], "sync_wait_s": 0.0}, plan["measured_step"]
     per_core = m["compute_s"] / max(1.0, m.get("processes", 1) / c["shared_cores"]) / m["profile_compute_s"]
     return ClusterSpec(**{**c, "compute_scale": per_core, "forward_share": None, "optimizer_share": None})
 
@@ -105,6 +112,8 @@ def main() -> None:
     p.add_argument("--rerank", action="store_true", help="rank every candidate again with this code's engine and progress model")
     p.add_argument("--resolution", type=float, default=None, help="the replay's picks at this --auto-resolution "
                    "(default the shipped 0.05; the saved plans chose the fastest)")
+    p.add_argument("--no-sync-wait", action="store_true", help="--rerank a plan from before 2026-12-08 without "
+                   "the synchronous steps' wait to line up that auto now measures (as it was priced)")
     p.add_argument("--progress", type=Path, help="--rerank with this progress model (`ringps simulate --progress`'s file), "
                    "not the shipped one")
     args = p.parse_args()
@@ -112,8 +121,8 @@ def main() -> None:
     old = load_progress(None).factor | factors(args.priced)  # the factors the plans were priced with
     if args.rerank and new:
         raise SystemExit("--rerank prices with the shipped factors; give --factor or --rerank, not both")
-    if args.progress and not args.rerank:
-        raise SystemExit("--progress FILE: only with --rerank")
+    if (args.progress or args.no_sync_wait) and not args.rerank:
+        raise SystemExit("--progress FILE and --no-sync-wait: only with --rerank")
     print(f"ranked again by this code's engine, progress {args.progress or 'shipped'}" if args.rerank
           else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
     resolution = RESOLUTION if args.resolution is None else args.resolution
@@ -128,7 +137,7 @@ def main() -> None:
             measured = {c: t for c, rs in runs.items() if not c.startswith("auto")
                         if (t := med(rs, "time_to_accuracy_s")) is not None}
             saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
-            again = rerank(plan, args.progress) if args.rerank else replay(plan, old, new)
+            again = rerank(plan, args.progress, not args.no_sync_wait) if args.rerank else replay(plan, old, new)
             before, after = judge(measured, saved), judge(measured, again, resolution)
             print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
                   f"pick {before[1]} ({before[2]:.2f}x, predicted {saved[before[1]]:.1f} s) -> "

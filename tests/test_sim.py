@@ -327,6 +327,30 @@ def test_cpu_per_byte_moved_competes_with_compute_on_shared_cores():
     assert slow[1] == pytest.approx(slow[0], rel=0.01)
 
 
+def test_the_workers_wait_to_line_up_is_charged_to_every_synchronous_step_and_not_to_the_servers():
+    """sync_wait_s (what auto measured its DDP step to take beyond the model's): every synchronous
+    strategy's step is that much longer, whatever it sends and on a link slow or fast; local SGD's
+    once a period, at its average; an asynchronous or a server's worker never waits on the others.
+    It shows on the predicted timeline."""
+    w, o = load_workload("facenet"), Options()
+    for net in ("10gbit", "100mbit"):
+        c = ClusterSpec(workers=4, net=net, shared_cores=2)
+        waited = c.model_copy(update={"sync_wait_s": 0.05})
+        for s in ("allreduce", "fp16", "powersgd", "ring-topk", "topk-allgather"):
+            base, more = (simulate(s, w, x, o, Progress(), steps=6) for x in (c, waited))
+            assert more.step_s == pytest.approx(base.step_s + 0.05, abs=1e-9), (net, s)
+            assert more.compute_s == pytest.approx(base.compute_s) and more.exposed_s == pytest.approx(base.exposed_s + 0.05)
+        local = [simulate("localsgd", w, x, Options(local_period=8), Progress(), steps=16).step_s for x in (c, waited)]
+        assert local[1] == pytest.approx(local[0] + 0.05 / 8, abs=1e-9)
+        for s in ("ps-async", "ps-threshold"):
+            assert simulate(s, w, waited, o, Progress(), steps=6).step_s == simulate(s, w, c, o, Progress(), steps=6).step_s
+    spans = [e for e in simulate("allreduce", w, waited, o, Progress(), steps=3).timeline[0]
+             if "waiting for the slowest worker" in e]
+    assert len(spans) == 3
+    with pytest.raises(ConfigError, match="--sync-wait-s"):
+        load_cluster(None, {"sync_wait_s": -1.0})
+
+
 def test_cpu_per_byte_is_the_host_kernels_cpu_per_byte_beside_its_cpu_per_second():
     """The runs' recorded host kernel CPU per step = b x step + c x bytes (all workers, sent and
     received): least squares over the dense runs gives c; parameter-server runs and variants do not

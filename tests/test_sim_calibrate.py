@@ -162,6 +162,16 @@ def test_auto_without_a_calibration_times_the_jobs_step_here():
     assert c["compute_scale"] == pytest.approx(per_core / profile) and c["shared_cores"] == cores()
     assert c["forward_share"] == pytest.approx(m["sync_forward_s"] / m["sync_compute_s"])
     assert c["optimizer_share"] == pytest.approx(m["sync_optimizer_s"] / m["sync_compute_s"])
+    # what the measured DDP step took beyond the model's DDP step among the same processes on
+    # loopback is charged to every synchronous step: there the model's step is the measured one
+    from ringps.sim.cluster import ClusterSpec
+    from ringps.sim.engine import Options
+    from ringps.sim.predict import Progress, simulate
+
+    loop = ClusterSpec(**{**c, "workers": m["processes"], "net": "10gbit", "slowdown": None})
+    bare, waited = (simulate("allreduce", load_workload("facenet"), loop.model_copy(update={"sync_wait_s": x}), Options(),
+                             Progress(), steps=12).step_s for x in (0.0, c["sync_wait_s"]))
+    assert c["sync_wait_s"] >= 0 and waited == pytest.approx(max(bare, m["sync_step_s"]))
     assert plan["ranking"][0]["strategy"] == plan["chosen"] and cfg.strategy.strategy == plan["chosen"].split(" ")[0]
     # ring-topk priced with the selection costs its hook will measure, measured here and recorded
     sel = plan["selection_costs"]

@@ -419,8 +419,10 @@ def test_auto_replay_reranks_a_saved_plan_servers_included_with_a_progress_file(
     """`auto_replay.py --rerank [--progress FILE]`: every candidate of a saved plan (the parameter
     servers' on the cluster their workers computed on) priced again by this engine with the
     progress model it was priced with comes back as the plan saved it (the engine has not changed
-    since 1207-9 for this cell); fp16's factor halved and a steeper staleness price move fp16 and
-    the servers only."""
+    since 1207-9 for this cell, less the synchronous steps' wait auto charges since 2026-12-08);
+    fp16's factor halved and a steeper staleness price move fp16 and the servers only. With the
+    wait (the plan's measured DDP step less the model's), every synchronous candidate's time
+    grows by it per step, the servers' not."""
     import json
     import sys
     from pathlib import Path
@@ -437,11 +439,18 @@ def test_auto_replay_reranks_a_saved_plan_servers_included_with_a_progress_file(
     then = {"fp16": 1.083, "powersgd": 0.917, "localsgd": 0.867, "diloco": 0.636, "topk-allgather": 0.88}
     f = tmp_path / "then.yaml"
     f.write_text(yaml.safe_dump({"factor": then, "sparse": own}))
-    assert rerank(plan, f) == pytest.approx(saved, rel=1e-6)
-    assert rerank(plan) != pytest.approx(saved, rel=1e-6)  # the shipped model is not that one
+    assert rerank(plan, f, wait=False) == pytest.approx(saved, rel=1e-6)
+    assert rerank(plan, wait=False) != pytest.approx(saved, rel=1e-6)  # the shipped model is not that one
+    waited = rerank(plan, f)
+    allreduce = next(e for e in plan["ranking"] if e["strategy"] == "allreduce")
+    steps = allreduce["time_to_accuracy_s"] / allreduce["step_s"]
+    m = plan["measured_step"]  # 0.450 s measured, the model's 0.414 s: 36 ms a step
+    assert waited["allreduce"] - saved["allreduce"] == pytest.approx(steps * (m["sync_step_s"] - allreduce["step_s"]), rel=0.01)
+    assert all(waited[k] > saved[k] for k in saved if not k.startswith("ps-"))
+    assert {k: v for k, v in waited.items() if k.startswith("ps-")} == pytest.approx({k: v for k, v in saved.items() if k.startswith("ps-")})
     shipped = load_progress(None)
     f.write_text(yaml.safe_dump({"factor": {**then, "fp16": then["fp16"] / 2}, "sparse": own, "staleness_a": 4 * shipped.staleness_a}))
-    moved = rerank(plan, f)
+    moved = rerank(plan, f, wait=False)
     assert moved["fp16"] == pytest.approx(2 * saved["fp16"])
     assert moved["ps-async"] > 1.05 * saved["ps-async"]
     assert {k: v for k, v in moved.items() if k != "fp16" and not k.startswith("ps-")} == pytest.approx(

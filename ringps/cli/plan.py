@@ -98,7 +98,7 @@ def run_auto(args: argparse.Namespace) -> int:
     console = wide_console()
     loopback = args.here and args.net in (None, "loopback")  # unshaped: priced as a fast link
     console.print(f"{w.name} on {describe(c, f'loopback (priced as {c.net})' if loopback else '')}"
-                  + (f"; this job's step measured here: {measured_words(measured_dict(measured))} "
+                  + (f"; this job's step measured here: {measured_words(measured_dict(measured), c.sync_wait_s)} "
                      f"(x{c.compute_scale:.2f} the profile per whole core), {c.shared_cores} shared cores" if measured else ""))
     console.print(t)
     console.print("recommended: " + reasons(choices))

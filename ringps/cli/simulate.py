@@ -10,7 +10,7 @@ servers the staleness histogram, drop fraction and server-link occupancy, and ti
 from the progress model (ringps/sim/predict.py; `--progress FILE` for your own measurements).
 Cluster keys are flags and YAML keys alike: workers, net, latency_s, node_size, intra_net,
 slowdown, jitter, servers, server_net, efficiency, fairness, server_efficiency, server_duplex,
-compute_scale, forward_share, optimizer_share, shared_cores, cpu_per_byte.
+compute_scale, forward_share, optimizer_share, shared_cores, cpu_per_byte, sync_wait_s.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ CLUSTER_FLAGS: dict[str, dict] = {
                          "on one machine, like ringps's own --net runs)"),
     "cpu_per_byte": dict(type=float, help="CPU seconds per byte a worker sends or receives, on the cores it "
                          "computes on (default 0: not modelled; --calibrate reports the host kernel's)"),
+    "sync_wait_s": dict(type=float, help="seconds per synchronous step the workers wait to line up beyond the "
+                        "model's (default 0; --strategy auto measures it: its DDP step on loopback less the model's)"),
 }
 CLUSTER_KEYS = tuple(k for k in CLUSTER_FLAGS if k != "cluster")
 

@@ -42,7 +42,8 @@ def group_cluster(cfg: Config, links: tuple[float, float], nodes: int, gpu: bool
                        servers=max(1, servers), slowdown=cfg.run.slowdown, compute_scale=a, jitter=fitted.jitter,
                        shared_cores=None if gpu else cores() * nodes,
                        forward_share=None if ps else fitted.forward_share,
-                       optimizer_share=None if ps else fitted.optimizer_share)
+                       optimizer_share=None if ps else fitted.optimizer_share,
+                       sync_wait_s=0.0 if ps else fitted.sync_wait_s)
 
 
 def _choose(cfg: Config, links: tuple[float, float], nodes: int, gpu: bool) -> tuple[Config, dict]:

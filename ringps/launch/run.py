@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -81,7 +81,7 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     from ringps.cost import contention, cores
     from ringps.data.loader import steps_per_epoch
     from ringps.launch.measure import measure_step
-    from ringps.sim.auto import rank
+    from ringps.sim.auto import rank, sync_wait
     from ringps.sim.calibrate import Fitted, emulated_cluster, fitted_from
     from ringps.sim.engine import Options
     from ringps.sim.predict import load_calibration
@@ -104,6 +104,9 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
         fitted = Fitted((ddp or m.step_s) * per_core, efficiency=prog.efficiency or 0.95, ps_compute_a=m.compute_s * per_core,
                         forward_share=m.sync_forward_s / ddp if ddp else None,
                         optimizer_share=m.sync_optimizer_s / ddp if ddp else None)
+        if m.sync_step_s:  # the DDP step's lining up that the model does not show (sim/auto.py)
+            loopback = emulated_cluster(local, None, None, 1, fitted)
+            fitted = replace(fitted, sync_wait_s=sync_wait(m.sync_step_s, loopback, w, prog))
     if links is None:  # every process of the job on this machine's cores, as calibration models the runs
         c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted)
         ps_c = emulated_cluster(cfg.run.workers, net, cfg.run.slowdown, servers, fitted, ps=True)
@@ -169,9 +172,11 @@ def measured_dict(m: Any) -> dict[str, Any]:
     return {**asdict(m), "step_s": m.step_s}
 
 
-def measured_words(m: dict[str, Any]) -> str:
-    """The step auto measured (auto-plan.json's measured_step), as the banners say it."""
+def measured_words(m: dict[str, Any], wait: float = 0.0) -> str:
+    """The step auto measured (auto-plan.json's measured_step), as the banners say it; `wait`: the
+    synchronous steps' lining up it priced from it (the cluster's sync_wait_s)."""
     ddp = (f"; in DDP among them on loopback {m['sync_compute_s']:.3f} s of compute in a {m['sync_step_s']:.3f} s step"
+           + (f", {wait:.3f} s beyond the model's, charged to every synchronous step" if wait else "")
            if m.get("sync_compute_s") else "")
     return f"{m['step_s']:.3f} s, {m['steps']} steps of {m['processes']} process(es) at once{ddp}"
 
@@ -182,7 +187,8 @@ def write_plan(run_dir: Path, plan: dict[str, Any], cfg: Config, console: Option
 
     (run_dir / "auto-plan.json").write_text(json.dumps(plan, indent=1))
     m = plan["measured_step"]
-    priced = f" (priced on this job's step as measured here: {measured_words(m)})" if m else f" (priced by {cfg.strategy.auto_calibration})"
+    wait = plan["cluster"].get("sync_wait_s", 0.0)
+    priced = f" (priced on this job's step as measured here: {measured_words(m, wait)})" if m else f" (priced by {cfg.strategy.auto_calibration})"
     (console or Console(stderr=True)).print(f"--strategy auto chose {plan['reasons']}{priced}")
 
 

@@ -11,6 +11,14 @@ step time lies a median 5.1% from the runs', docs/RESULTS.md §6) are ties to th
 recommendation is the plainest update among them, the first in CANDIDATES' order: a near-tie
 decided by the start-up measurement's noise flipped 4 workers at 1 Gbit/s from fp16 to PowerSGD,
 1.18x slower in the runs (§6).
+
+Without a calibration file auto prices the machine by the job's own step, timed at the start
+(launch/measure.py), and by its DDP step among the same processes on loopback: `sync_wait` is what
+that step took beyond the model's prediction of it, charged to every synchronous step
+(ClusterSpec.sync_wait_s). Processes time-sharing cores reach the step's last collective unevenly,
+which the model's fair sharing does not show; priced without it, the synchronous strategies' runs
+took 1.08-1.25x the predicted step at 3-4 workers on loopback and at 1 Gbit/s, alike for every
+synchronous strategy (a wait per step, not per byte), the parameter servers' 0.91-1.09x (§6).
 """
 
 from __future__ import annotations
@@ -100,6 +108,14 @@ def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Opt
     out.sort(key=lambda ch: (ch.tta, ch.prediction.step_s))
     pick = recommend({ch.label(): ch.tta for ch in out}, resolution)
     return sorted(out, key=lambda ch: ch.label() != pick)  # stable: the rest stay fastest first
+
+
+def sync_wait(step_s: float, loopback: ClusterSpec, w: Workload, prog: Progress, base: Optional[Options] = None) -> float:
+    """Seconds per synchronous step that DDP's measured step `step_s` on `loopback` (the cluster of
+    the processes that measured it, all-reducing among themselves) took beyond the model's
+    all-reduce step there; 0 where the model is not short."""
+    c = loopback.model_copy(update={"sync_wait_s": 0.0})
+    return max(0.0, step_s - simulate("allreduce", w, c, base or Options(), prog, steps=12).step_s)
 
 
 def seconds(s: float) -> str:

@@ -113,6 +113,9 @@ class Fitted:
     # measured apart (benchmarks/server_link.py, `duplex_from_probes`), not fitted; beyond the
     # largest worker count measured, that one's
     duplex: dict = field(default_factory=dict)
+    # per synchronous step, the workers lining up beyond the model's (ClusterSpec.sync_wait_s):
+    # measured by auto at the start (sim/auto.py `sync_wait`), not fitted from runs
+    sync_wait_s: float = 0.0
 
 
 def options_of(cfg: dict, summary: Optional[dict] = None, total_steps: Optional[int] = None):
@@ -314,7 +317,8 @@ def emulated_cluster(workers: int, net: Optional[str], slowdown: Optional[list],
                        server_efficiency=se.get(net or "loopback") if isinstance(se, dict) else se,
                        server_duplex=duplex_at(f.duplex, workers) if lossy(net) else 1.0, cpu_per_byte=f.cpu_per_byte,
                        # a synchronous worker's split of its compute (a parameter server's worker runs no optimizer)
-                       forward_share=None if ps else f.forward_share, optimizer_share=None if ps else f.optimizer_share)
+                       forward_share=None if ps else f.forward_share, optimizer_share=None if ps else f.optimizer_share,
+                       sync_wait_s=0.0 if ps else f.sync_wait_s)
 
 
 def duplex_at(duplex: dict, workers: int) -> float:

@@ -30,6 +30,10 @@ same keys, validated like every other config.
                               # the collective's copies and sums), on the cores it computes on;
                               # 0 (default): not modelled (--calibrate reports the host
                               # kernel's; it does not charge it: the runs already carry it)
+    sync_wait_s: 0.04         # per synchronous step (local SGD: per average), the workers lining up
+                              # at its last collective beyond what the model shows (processes
+                              # time-sharing cores finish unevenly); `--strategy auto` measures it
+                              # as its DDP step on loopback less the model's; 0 (default): none
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ class ClusterSpec(BaseModel):
     optimizer_share: Optional[float] = Field(None, ge=0, lt=1)
     shared_cores: Optional[int] = Field(None, ge=1)  # emulated cluster: all workers share these cores (sim/cpu.py)
     cpu_per_byte: float = Field(0.0, ge=0, le=1e-6)  # CPU s per byte a worker moves (sent + received)
+    # per synchronous step, the workers lining up beyond the model's (parameter servers: not charged)
+    sync_wait_s: float = Field(0.0, ge=0, le=60)
 
     @model_validator(mode="after")
     def _shares(self) -> "ClusterSpec":

@@ -6,7 +6,9 @@ strategy's own CPU work; on an emulated cluster's shared cores, processor-shared
 DDP bucket's gradients are ready when the layers in it are done in the backward pass (readiness
 order); a bucket's collective starts once every worker has it and the previous one is done, and
 takes its closed-form time (collectives.py); the step ends when the slowest worker's compute
-and the last collective are both done. Local SGD and DiLoCo average the model every H steps.
+and the last collective are both done, and the cluster's `sync_wait_s` later (the workers lining
+up beyond what the model shows; `--strategy auto` measures it). Local SGD and DiLoCo average the
+model every H steps.
 
 Parameter servers (ps-*): workers compute and push to every server's shard; each server's link
 and its update lock are SimPy resources, so pushes queue there; the judge counts versions, so
@@ -300,6 +302,12 @@ def run_sync(strategy: str, w: Workload, c: ClusterSpec, o: Options, steps: int,
             spans.append(("small tensors (fused)", start, start + fused_s))
             busy = start + fused_s
         end = max(busy, max(p[3].end for p in ph))
+        # the workers lining up at the step's last collective beyond what fair sharing of the cores
+        # shows (ClusterSpec.sync_wait_s: auto measures it); local SGD lines up once a period
+        wait = c.sync_wait_s / (o.local_period if local else 1)
+        if wait:
+            spans.append(("waiting for the slowest worker", end, end + wait))
+            end += wait
         # the optimizer's step, once the exchange is in: every worker's at once (on shared cores,
         # shared; a real cluster's slow worker's f times longer, Stretch sleeps before it)
         opt_s = (w.optimizer_s * max(f_opt(f, j) for f, j in zip(slow, js))) if w.optimizer_s else 0.0
