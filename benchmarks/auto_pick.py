@@ -16,6 +16,7 @@ judged the same way.
     .venv/bin/python benchmarks/auto_pick.py --out runs/bench-auto
     .venv/bin/python benchmarks/auto_pick.py --cells w4-1gbit,w4-unshaped-slow --repeats 1
     .venv/bin/python benchmarks/auto_pick.py --cells w3-unshaped,w4-unshaped --repeats 6
+    .venv/bin/python benchmarks/auto_pick.py --cells w3-unshaped --repeats 4 --first-seed 200
     .venv/bin/python benchmarks/auto_pick.py --cells w4-100mbit,w4-100mbit-slow --contenders allreduce,fp16,powersgd,ring-topk
     .venv/bin/python benchmarks/auto_pick.py --calibration CAL.yaml --out runs/bench-auto
 """
@@ -100,6 +101,8 @@ def main() -> None:
     p.add_argument("--cells", default=",".join(DEFAULT_CELLS), help=f"any of {', '.join(CELLS)}")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + repeats - 1 (a sitting "
+                   "apart from the progress model's seeds 100-105 and the earlier sittings' 0-5)")
     p.add_argument("--epochs", type=int, default=30, help="the most a run may take; each stops at the target")
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--calibration", type=Path, help="also run --strategy auto with this --auto-calibration file")
@@ -121,11 +124,11 @@ def main() -> None:
               "stop_at_target": True}
     if args.report_only and (args.out is None or not args.out.is_dir()):
         raise SystemExit("--report-only needs --out DIR of an earlier run of this benchmark")
-    out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, repeat_major=True,
-                              run_missing=not args.report_only)
+    out, results = run_matrix("auto", cells, contenders, args.repeats, common, args.out, args.first_seed,
+                              repeat_major=True, run_missing=not args.report_only)
     results = {cell: runs for cell, runs in results.items() if all(runs.values())}  # cells a stopped run finished
     lines = [f"--strategy auto against its contenders: facenet / orl-faces / target {args.target:.0%} / runs stopped "
-             f"at the target (at most {args.epochs} epochs) / {args.repeats} repeats (seeds 0..{args.repeats - 1}), medians"]
+             f"at the target (at most {args.epochs} epochs) / {args.repeats} repeats (seeds {args.first_seed}..{args.first_seed + args.repeats - 1}), medians"]
     checks = []
     for cell, runs in results.items():
         console.print(table(f"{cell}: ratios to allreduce", runs, "allreduce"))
