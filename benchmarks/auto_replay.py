@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from auto_pick import predicted_tau  # noqa: E402
+from auto_pick import RANKED_AS, predicted_tau  # noqa: E402
 from common import med  # noqa: E402
 
 from ringps.sim.auto import RESOLUTION, recommend  # noqa: E402
@@ -126,6 +127,7 @@ def main() -> None:
     print(f"ranked again by this code's engine, progress {args.progress or 'shipped'}" if args.rerank
           else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
     resolution = RESOLUTION if args.resolution is None else args.resolution
+    ratios: dict[str, list[float]] = {"synchronous": [], "parameter-server": []}  # measured / predicted
     for sitting in args.sittings:
         results = json.loads((sitting / "results.json").read_text())
         for cell, runs in results.items():
@@ -142,6 +144,14 @@ def main() -> None:
             print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
                   f"pick {before[1]} ({before[2]:.2f}x, predicted {saved[before[1]]:.1f} s) -> "
                   f"{after[1]} ({after[2]:.2f}x, predicted {again[after[1]]:.1f} s)")
+            for c, t in measured.items():  # each contender against its setting's prediction (auto_pick's labels)
+                if (p := again.get(RANKED_AS.get(c, c))) is not None:
+                    ratios["parameter-server" if c.startswith("ps-") else "synchronous"].append(t / p)
+    for kind, r in ratios.items():
+        if r:
+            print(f"{kind} contenders' time to the target, measured over predicted: median {statistics.median(r):.3f}, "
+                  f"|error| median {100 * statistics.median([abs(x - 1) for x in r]):.1f}%, within 15% {sum(abs(x - 1) <= 0.15 for x in r)} "
+                  f"of {len(r)}")
 
 
 if __name__ == "__main__":
