@@ -10,9 +10,11 @@ medians, judged as auto_pick.py judges them (its Kendall's tau and contender lab
 
 `--rerank` prices every candidate again with this code's engine and shipped progress model on each
 plan's own cluster and selection costs (what auto measured at the sitting; the parameter servers'
-compute from the step it measured outside DDP; the synchronous steps' wait to line up from the
-DDP step it measured, where a plan from before 2026-12-08 has that step but not the wait): a
-change to the engine or the progress model, replayed on the sittings it would have ranked.
+compute from the step it measured outside DDP; for a plan from before 2026-12-08, what auto now
+derives from its start-up measurement: the synchronous steps' wait to line up and ring-topk's
+planning compute, `--as-priced` leaves them out): a change to the engine or the progress model,
+replayed on the sittings it would have ranked. `--hook-costs` prices ring-topk's selection with
+the costs its hook measured in the cell's runs, where the plans' were timed with more threads.
 
     .venv/bin/python benchmarks/auto_replay.py --factor fp16=1.0 --factor powersgd=0.846 docs/results/auto-pick-1207*
     .venv/bin/python benchmarks/auto_replay.py --priced fp16=1.083 --factor fp16=1.0 docs/results/auto-pick-1207
@@ -59,14 +61,28 @@ def replay(plan: dict, old: dict[str, float], new: dict[str, float]) -> dict[str
     return out
 
 
-def rerank(plan: dict, progress: Optional[Path] = None, wait: bool = True) -> dict[str, float]:
+def hook_costs(runs: dict[str, list[dict]]) -> Optional[dict[str, float]]:
+    """The per-element costs ring-topk's hook measured at its runs' start in this cell (medians over
+    its runs' rank 0; `strategy_stats.rank0.cost_params`): what auto measures since 2026-12-08,
+    with the workers' threads, where the plans' were timed with the launcher's thread per core."""
+    got = [p for r in runs.get("ring-topk", []) if (p := ((r.get("strategy_stats") or {}).get("rank0") or {}).get("cost_params"))]
+    keys = ("select_s", "scatter_s", "pass_s", "reduce_s", "flop_s")
+    return {k: statistics.median(p[k] for p in got) for k in keys} if got and all(k in got[0] for k in keys) else None
+
+
+def rerank(plan: dict, progress: Optional[Path] = None, now: bool = True,
+           selection: Optional[dict[str, float]] = None) -> dict[str, float]:
     """The plan's predicted times, every candidate ranked again by this code's engine on the plan's
-    cluster and selection costs (the servers' on their workers' cluster, `ps_cluster`); `wait`:
-    a plan from before 2026-12-08 with a measured DDP step charges its synchronous steps the wait
-    beyond the model's that auto charges now (sim/auto.py `sync_wait`); False: as it was priced."""
+    cluster and selection costs (the servers' on their workers' cluster, `ps_cluster`); `now`:
+    what auto derives from its start-up measurement since 2026-12-08, for a plan from before it:
+    its synchronous steps charged the measured DDP step's wait beyond the model's (sim/auto.py
+    `sync_wait`) and ring-topk's choices planned with the step measured outside DDP
+    (`Options.plan_compute_s`); False: as it was priced; `selection`: per-element costs in place
+    of the plan's (`hook_costs`)."""
     from ringps.cost import CostParams
     from ringps.sim.auto import rank, sync_wait
     from ringps.sim.cluster import ClusterSpec
+    from ringps.sim.engine import Options
     from ringps.sim.predict import load_calibration
     from ringps.sim.workload import load_workload
 
@@ -76,10 +92,12 @@ def rerank(plan: dict, progress: Optional[Path] = None, wait: bool = True) -> di
     prog = load_calibration(progress, "--progress")
     c = ClusterSpec(**plan["cluster"])
     m = plan["measured_step"]
-    if wait and "sync_wait_s" not in plan["cluster"] and m and m.get("sync_step_s"):  # as auto prices it since 2026-12-08
+    if now and "sync_wait_s" not in plan["cluster"] and m and m.get("sync_step_s"):  # as auto prices it since 2026-12-08
         loopback = c.model_copy(update={"workers": m["processes"], "net": "10gbit", "slowdown": None})
         c = c.model_copy(update={"sync_wait_s": sync_wait(m["sync_step_s"], loopback, w, prog)})
-    choices = rank(w, c, prog, ps_cluster=ps_cluster(plan), selection_cpu=CostParams(**plan["selection_costs"]))
+    base = Options(plan_compute_s=m["compute_s"] if now and m else None)
+    choices = rank(w, c, prog, base=base, ps_cluster=ps_cluster(plan),
+                   selection_cpu=CostParams(**(selection or plan["selection_costs"])))
     return {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]} | {c.label(): c.tta for c in choices}
 
 
@@ -113,8 +131,12 @@ def main() -> None:
     p.add_argument("--rerank", action="store_true", help="rank every candidate again with this code's engine and progress model")
     p.add_argument("--resolution", type=float, default=None, help="the replay's picks at this --auto-resolution "
                    "(default the shipped 0.05; the saved plans chose the fastest)")
-    p.add_argument("--no-sync-wait", action="store_true", help="--rerank a plan from before 2026-12-08 without "
-                   "the synchronous steps' wait to line up that auto now measures (as it was priced)")
+    p.add_argument("--as-priced", action="store_true", help="--rerank a plan from before 2026-12-08 without what "
+                   "auto now derives from its start-up measurement (the synchronous steps' wait to line up, ring-topk's "
+                   "planning compute): as it was priced")
+    p.add_argument("--hook-costs", action="store_true", help="--rerank with the selection costs ring-topk's hook "
+                   "measured in the cell's runs (what auto measures since 2026-12-08, with the workers' threads), not "
+                   "the plan's")
     p.add_argument("--progress", type=Path, help="--rerank with this progress model (`ringps simulate --progress`'s file), "
                    "not the shipped one")
     args = p.parse_args()
@@ -122,8 +144,8 @@ def main() -> None:
     old = load_progress(None).factor | factors(args.priced)  # the factors the plans were priced with
     if args.rerank and new:
         raise SystemExit("--rerank prices with the shipped factors; give --factor or --rerank, not both")
-    if (args.progress or args.no_sync_wait) and not args.rerank:
-        raise SystemExit("--progress FILE and --no-sync-wait: only with --rerank")
+    if (args.progress or args.as_priced or args.hook_costs) and not args.rerank:
+        raise SystemExit("--progress FILE, --as-priced and --hook-costs: only with --rerank")
     print(f"ranked again by this code's engine, progress {args.progress or 'shipped'}" if args.rerank
           else f"shipped {({k: old.get(k, 1.0) for k in new})} -> replayed {new}")
     resolution = RESOLUTION if args.resolution is None else args.resolution
@@ -139,7 +161,8 @@ def main() -> None:
             measured = {c: t for c, rs in runs.items() if not c.startswith("auto")
                         if (t := med(rs, "time_to_accuracy_s")) is not None}
             saved = {e["strategy"]: e["time_to_accuracy_s"] for e in plan["ranking"]}
-            again = rerank(plan, args.progress, not args.no_sync_wait) if args.rerank else replay(plan, old, new)
+            again = (rerank(plan, args.progress, not args.as_priced, hook_costs(runs) if args.hook_costs else None)
+                     if args.rerank else replay(plan, old, new))
             before, after = judge(measured, saved), judge(measured, again, resolution)
             print(f"{sitting.name:20s} {cell:18s} tau {before[0]:.2f} -> {after[0]:.2f}   "
                   f"pick {before[1]} ({before[2]:.2f}x, predicted {saved[before[1]]:.1f} s) -> "

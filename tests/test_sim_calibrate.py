@@ -178,6 +178,28 @@ def test_auto_without_a_calibration_times_the_jobs_step_here():
     assert set(sel) >= {"select_s", "scatter_s", "pass_s"} and all(v > 0 for v in sel.values())
 
 
+def test_auto_times_the_selection_with_the_workers_threads(monkeypatch):
+    """ring-topk's hook measures its per-element costs in a worker, at `--threads` intra-op
+    threads; the launcher's torch has one per core, and timed there the passes and the selection
+    cost half as much, which priced facenet's sparse bucket at 100 Mbit/s as an all-gather where
+    the runs sent shared-index. Auto times them at the workers' threads, and leaves the
+    launcher's as they were."""
+    import torch
+
+    import ringps.comm.probe as probe
+    from ringps.launch.run import selection_costs
+
+    seen = []
+    monkeypatch.setattr(probe, "calibrate_cpu", lambda device=None: seen.append(torch.get_num_threads()) or {"select_s": 1e-9})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert selection_costs(False, threads=1).select_s == 1e-9 and seen == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_auto_prices_only_the_selecting_strategies_with_the_measured_selection():
     """`rank`'s selection_cpu prices ring-topk's and the top-k all-gather's exchanges as the hook
     prices them; CostParams's defaults (select 5 ns, a pass 1 ns) charged facenet's sparse step at

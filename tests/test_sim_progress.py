@@ -439,8 +439,8 @@ def test_auto_replay_reranks_a_saved_plan_servers_included_with_a_progress_file(
     then = {"fp16": 1.083, "powersgd": 0.917, "localsgd": 0.867, "diloco": 0.636, "topk-allgather": 0.88}
     f = tmp_path / "then.yaml"
     f.write_text(yaml.safe_dump({"factor": then, "sparse": own}))
-    assert rerank(plan, f, wait=False) == pytest.approx(saved, rel=1e-6)
-    assert rerank(plan, wait=False) != pytest.approx(saved, rel=1e-6)  # the shipped model is not that one
+    assert rerank(plan, f, now=False) == pytest.approx(saved, rel=1e-6)
+    assert rerank(plan, now=False) != pytest.approx(saved, rel=1e-6)  # the shipped model is not that one
     waited = rerank(plan, f)
     allreduce = next(e for e in plan["ranking"] if e["strategy"] == "allreduce")
     steps = allreduce["time_to_accuracy_s"] / allreduce["step_s"]
@@ -450,7 +450,7 @@ def test_auto_replay_reranks_a_saved_plan_servers_included_with_a_progress_file(
     assert {k: v for k, v in waited.items() if k.startswith("ps-")} == pytest.approx({k: v for k, v in saved.items() if k.startswith("ps-")})
     shipped = load_progress(None)
     f.write_text(yaml.safe_dump({"factor": {**then, "fp16": then["fp16"] / 2}, "sparse": own, "staleness_a": 4 * shipped.staleness_a}))
-    moved = rerank(plan, f, wait=False)
+    moved = rerank(plan, f, now=False)
     assert moved["fp16"] == pytest.approx(2 * saved["fp16"])
     assert moved["ps-async"] > 1.05 * saved["ps-async"]
     assert {k: v for k, v in moved.items() if k != "fp16" and not k.startswith("ps-")} == pytest.approx(

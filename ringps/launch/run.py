@@ -118,20 +118,28 @@ def auto_choices(cfg: Config, flag: str = "--auto-calibration", links: Optional[
     # the run's length, where ring-topk's exact tail begins (as the trainer counts its steps)
     per_epoch = steps_per_epoch(w.samples, cfg.run.workers, cfg.data.batch_size) if w.samples else None
     total = cfg.train.steps or (cfg.train.epochs * per_epoch if per_epoch else None)
-    base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail, sparse_progress=cfg.compress.sparse_progress)
-    sel = selection_costs(gpu)
+    # ring-topk's hook chooses its exchanges with the compute its profile measures in the workers
+    # (the step outside DDP, as measured here: 0.29-0.30 s against 0.31 s at 4 processes on 2
+    # cores), not the synchronous worker's compute in DDP the step is priced with (0.41 s)
+    base = Options(total_steps=total, exact_tail=cfg.compress.exact_tail, sparse_progress=cfg.compress.sparse_progress,
+                   plan_compute_s=measured.compute_s if measured else None)
+    sel = selection_costs(gpu, cfg.run.threads)
     # a parameter server's ranks talk gloo, on CPU buffers: not beside NCCL
     return (rank(w, c, prog, base=base, ps_cluster=ps_c, with_ps=not gpu, selection_cpu=sel,
                  resolution=cfg.strategy.auto_resolution), c, measured, w, sel)
 
 
-def selection_costs(gpu: bool) -> Optional[Any]:
+def selection_costs(gpu: bool, threads: int = 1) -> Optional[Any]:
     """The per-element costs ring-topk's hook measures at its start and prices its exchanges with
     (`comm.probe.calibrate_cpu`: selection, scatter-adds, passes), measured the same way here, on
-    the device the job computes on. The validation grid predicted ring-topk's steps with its runs'
-    recorded ones (within -9..+3%); CostParams's defaults, which priced auto before, charged a
-    sparse step at 2 workers ~50 ms of selection the runs did not spend (docs/RESULTS.md §6).
-    None on a GPU job planned where there is no GPU (the profile's kernels price it)."""
+    the device the job computes on, with the workers' intra-op `threads` (`--threads`, 1 by
+    default: the launcher's torch has a thread per core, and timed so its passes and selection
+    cost half what the hook's do, enough to price facenet's sparse bucket at 100 Mbit/s as an
+    all-gather where the runs sent shared-index; docs/RESULTS.md §6). The validation grid
+    predicted ring-topk's steps with its runs' recorded ones (within -9..+3%); CostParams's
+    defaults, which priced auto before, charged a sparse step at 2 workers ~50 ms of selection the
+    runs did not spend. None on a GPU job planned where there is no GPU (the profile's kernels
+    price it)."""
     import torch
 
     from ringps.comm.probe import calibrate_cpu
@@ -139,7 +147,12 @@ def selection_costs(gpu: bool) -> Optional[Any]:
 
     if gpu and not torch.cuda.is_available():
         return None
-    return CostParams(**calibrate_cpu(device=torch.device("cuda", torch.cuda.current_device()) if gpu else None))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return CostParams(**calibrate_cpu(device=torch.device("cuda", torch.cuda.current_device()) if gpu else None))
+    finally:
+        torch.set_num_threads(before)
 
 
 def auto_plan(cfg: Config, choices: list, c: Any, measured: Optional[Any], w: Any,
