@@ -181,8 +181,7 @@ def test_auto_without_a_calibration_times_the_jobs_step_here():
 def test_auto_times_the_selection_with_the_workers_threads(monkeypatch):
     """ring-topk's hook measures its per-element costs in a worker, at `--threads` intra-op
     threads; the launcher's torch has one per core, and timed there the passes and the selection
-    cost half as much, which priced facenet's sparse bucket at 100 Mbit/s as an all-gather where
-    the runs sent shared-index. Auto times them at the workers' threads, and leaves the
+    cost half as much as in the hooks. Auto times them at the workers' threads, and leaves the
     launcher's as they were."""
     import torch
 

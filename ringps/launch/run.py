@@ -134,8 +134,7 @@ def selection_costs(gpu: bool, threads: int = 1) -> Optional[Any]:
     (`comm.probe.calibrate_cpu`: selection, scatter-adds, passes), measured the same way here, on
     the device the job computes on, with the workers' intra-op `threads` (`--threads`, 1 by
     default: the launcher's torch has a thread per core, and timed so its passes and selection
-    cost half what the hook's do, enough to price facenet's sparse bucket at 100 Mbit/s as an
-    all-gather where the runs sent shared-index; docs/RESULTS.md §6). The validation grid
+    cost half what the hooks' do; docs/RESULTS.md §6). The validation grid
     predicted ring-topk's steps with its runs' recorded ones (within -9..+3%); CostParams's
     defaults, which priced auto before, charged a sparse step at 2 workers ~50 ms of selection the
     runs did not spend. None on a GPU job planned where there is no GPU (the profile's kernels
