@@ -66,8 +66,8 @@ def hook_costs(runs: dict[str, list[dict]]) -> Optional[dict[str, float]]:
     its runs' rank 0; `strategy_stats.rank0.cost_params`): what auto measures since 2026-12-08,
     with the workers' threads, where the plans' were timed with the launcher's thread per core."""
     got = [p for r in runs.get("ring-topk", []) if (p := ((r.get("strategy_stats") or {}).get("rank0") or {}).get("cost_params"))]
-    keys = ("select_s", "scatter_s", "pass_s", "reduce_s", "flop_s")
-    return {k: statistics.median(p[k] for p in got) for k in keys} if got and all(k in got[0] for k in keys) else None
+    # the per-element ones, as auto-plan.json's selection_costs keeps them (launch/run.py auto_plan)
+    return {k: statistics.median(p[k] for p in got) for k in got[0] if k.endswith("_s")} if got else None
 
 
 def rerank(plan: dict, progress: Optional[Path] = None, now: bool = True,

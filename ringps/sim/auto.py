@@ -110,12 +110,12 @@ def rank(w: Workload, c: ClusterSpec, prog: Progress, steps: int = 12, base: Opt
     return sorted(out, key=lambda ch: ch.label() != pick)  # stable: the rest stay fastest first
 
 
-def sync_wait(step_s: float, loopback: ClusterSpec, w: Workload, prog: Progress, base: Optional[Options] = None) -> float:
+def sync_wait(step_s: float, loopback: ClusterSpec, w: Workload, prog: Progress) -> float:
     """Seconds per synchronous step that DDP's measured step `step_s` on `loopback` (the cluster of
     the processes that measured it, all-reducing among themselves) took beyond the model's
     all-reduce step there; 0 where the model is not short."""
     c = loopback.model_copy(update={"sync_wait_s": 0.0})
-    return max(0.0, step_s - simulate("allreduce", w, c, base or Options(), prog, steps=12).step_s)
+    return max(0.0, step_s - simulate("allreduce", w, c, Options(), prog, steps=12).step_s)
 
 
 def seconds(s: float) -> str:
